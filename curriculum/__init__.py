@@ -1,0 +1,1 @@
+"""Curriculum: the stats store, the scheduler, mixing policies and difficulty control."""

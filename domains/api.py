@@ -1,0 +1,124 @@
+"""The domain plugin contract: Task, VerifyResult and the Domain base class.
+
+A domain is a task family with ordered difficulty levels and an objective verifier. Tasks carry a
+``payload`` the verifier needs (reference answer, hidden tests, target state) that is never shown to
+the model. ``verify`` never raises into the trainer: the verifier pool turns any exception into
+``status=error, reward=0`` (see ``domains.pool``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+Messages = list[dict[str, str]]
+
+
+class Status(str, Enum):
+    OK = "ok"
+    WRONG = "wrong"
+    FORMAT_ERROR = "format_error"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    SANDBOX_VIOLATION = "sandbox_violation"
+
+
+def stable_hash(*parts: Any) -> str:
+    """Short content hash that is identical across processes and Python versions."""
+    blob = json.dumps(parts, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Task:
+    domain: str
+    level: int
+    prompt: Messages  # chat messages shown to the model
+    payload: dict[str, Any]  # hidden from the model: what the verifier needs
+    meta: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:  # stable id: the same content always gets the same id
+            object.__setattr__(self, "id", stable_hash(self.domain, self.prompt, self.payload))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Task":
+        return cls(**{k: data[k] for k in ("domain", "level", "prompt", "payload", "meta", "id") if k in data})
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    reward: float
+    correct: bool
+    status: Status
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def failure(cls, status: Status, message: str, **details: Any) -> "VerifyResult":
+        return cls(reward=0.0, correct=False, status=status, details={"message": message[:500], **details})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reward": self.reward, "correct": self.correct, "status": self.status.value, "details": self.details}
+
+
+class DomainConfig(BaseModel):
+    """Options every domain accepts; a domain subclasses this for its own options."""
+
+    model_config = ConfigDict(extra="forbid")
+    verify_timeout_s: float = 10.0  # hard deadline enforced by the verifier pool
+
+
+class Domain:
+    """Base class of every domain plugin.
+
+    Subclasses set ``name``, ``levels`` and ``Config`` and implement ``sample`` and ``verify``;
+    ``reference`` returns a known-good completion (SFT warm start, tests) when one exists.
+    """
+
+    name: str = ""
+    levels: tuple[int, ...] = (1,)
+    version: str = "1"  # bump when verify() changes meaning; stored with every result
+    Config: ClassVar[type[DomainConfig]] = DomainConfig
+
+    def __init__(self, config: DomainConfig | None = None, **options: Any) -> None:
+        self.config = config if config is not None else self.Config(**options)
+
+    def configure(self, options: dict[str, Any] | None) -> "Domain":
+        """A copy of this domain with validated options (unknown keys fail)."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.config = self.Config(**{**self.config.model_dump(), **(options or {})})
+        clone._on_configure()
+        return clone
+
+    def _on_configure(self) -> None:
+        """Hook for domains that derive state from their config (e.g. load a file)."""
+
+    def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
+        raise NotImplementedError(f"domain {self.name!r} must implement sample()")
+
+    def verify(self, task: Task, completion: str) -> VerifyResult:
+        raise NotImplementedError(f"domain {self.name!r} must implement verify()")
+
+    def reference(self, task: Task) -> str | None:
+        return None
+
+    def heldout(self, level: int, n: int, seed: int) -> list[Task]:
+        """A fixed evaluation set. Procedural domains draw from a seed stream disjoint from training."""
+        return self.sample(level, n, random.Random(f"heldout/{self.name}/{level}/{seed}"))
+
+    def __repr__(self) -> str:
+        return f"<Domain {self.name} levels={list(self.levels)}>"
+
+
+def user_prompt(text: str) -> Messages:
+    return [{"role": "user", "content": text}]

@@ -1,0 +1,216 @@
+"""A pool of verifier worker processes with hard per-call deadlines.
+
+Why processes and not threads: verifiers run untrusted or pathological inputs (huge sympy
+expressions, model-written code) that can hang inside C code, and math-verify's own timeouts rely on
+``signal.alarm``, which only works in a main thread. Each worker runs verifiers in its main thread;
+the parent enforces a wall-clock deadline per call and kills and replaces a worker that overruns.
+Whatever happens, a call resolves to a VerifyResult — never an exception into the trainer.
+"""
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from domains.api import Domain, Status, Task, VerifyResult
+
+
+def verify_guarded(domain: Domain, task: Task, completion: str) -> VerifyResult:
+    """Run one verifier call; any exception or wrong return type becomes ``status=error``."""
+    try:
+        result = domain.verify(task, completion)
+    except Exception as exc:  # a verifier bug must not crash training
+        return VerifyResult.failure(Status.ERROR, f"verifier raised {type(exc).__name__}: {exc}")
+    if not isinstance(result, VerifyResult):
+        return VerifyResult.failure(Status.ERROR, f"verifier returned {type(result).__name__}, not VerifyResult")
+    return result
+
+
+def _worker_main(conn: Connection, domains: dict[str, Domain]) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        job_id, domain_name, task, completion = job
+        start = time.perf_counter()
+        result = verify_guarded(domains[domain_name], task, completion)
+        try:
+            conn.send((job_id, result, time.perf_counter() - start))
+        except Exception as exc:  # e.g. unpicklable details
+            conn.send((job_id, VerifyResult.failure(Status.ERROR, f"result not sendable: {exc}"), 0.0))
+
+
+@dataclass
+class Verdict:
+    """A verifier result plus how long it took (seconds, wall clock)."""
+
+    result: VerifyResult
+    latency_s: float
+
+
+@dataclass
+class _Job:
+    id: int
+    domain: str
+    task: Task
+    completion: str
+    future: Future
+    timeout_s: float
+
+
+class _Worker:
+    def __init__(self, ctx: Any, domains: dict[str, Domain]) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child, domains), daemon=True)
+        self.process.start()
+        child.close()
+        self.job: _Job | None = None
+        self.deadline = 0.0
+        self.started = 0.0
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+
+class VerifierPool:
+    """Verify completions in parallel worker processes; ``submit`` returns a Future[Verdict]."""
+
+    def __init__(self, domains: dict[str, Domain], workers: int | None = None) -> None:
+        self.domains = domains
+        self._ctx = mp.get_context("spawn")  # never fork a process that holds torch threads
+        n = max(1, workers or os.cpu_count() or 1)
+        self._workers = [_Worker(self._ctx, domains) for _ in range(n)]
+        self._queue: deque[_Job] = deque()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._wakeup_r, self._wakeup_w = self._ctx.Pipe(duplex=False)
+        self._closed = False
+        self.timeouts = 0
+        self.restarts = 0
+        self._thread = threading.Thread(target=self._dispatch_loop, name="verifier-pool", daemon=True)
+        self._thread.start()
+
+    # -- public API -----------------------------------------------------------------------------
+    def submit(self, task: Task, completion: str) -> Future:
+        if self._closed:
+            raise RuntimeError("verifier pool is closed")
+        domain = self.domains.get(task.domain)
+        future: Future = Future()
+        if domain is None:
+            future.set_result(Verdict(VerifyResult.failure(Status.ERROR, f"unknown domain {task.domain!r}"), 0.0))
+            return future
+        job = _Job(next(self._ids), task.domain, task, completion, future, domain.config.verify_timeout_s)
+        with self._lock:
+            self._queue.append(job)
+        self._wakeup_w.send(b"")
+        return future
+
+    def verify_many(self, items: list[tuple[Task, str]]) -> list[Verdict]:
+        futures = [self.submit(task, completion) for task, completion in items]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._wakeup_w.send(b"")
+        self._thread.join(timeout=10)
+        for worker in self._workers:
+            try:
+                worker.conn.send(None)
+            except OSError:
+                pass
+            worker.process.join(timeout=2)
+            if worker.process.is_alive():
+                worker.kill()
+
+    def __enter__(self) -> "VerifierPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- dispatcher thread ----------------------------------------------------------------------
+    def _dispatch_loop(self) -> None:
+        while not self._closed:
+            self._assign_jobs()
+            busy = [w for w in self._workers if w.job is not None]
+            timeout = min((w.deadline for w in busy), default=time.monotonic() + 1.0) - time.monotonic()
+            ready = wait([self._wakeup_r] + [w.conn for w in busy], timeout=max(0.0, timeout))
+            for conn in ready:
+                if conn is self._wakeup_r:
+                    while self._wakeup_r.poll():
+                        self._wakeup_r.recv_bytes()
+                    continue
+                self._collect(next(w for w in busy if w.conn is conn))
+            self._enforce_deadlines()
+        self._fail_pending("verifier pool closed")
+
+    def _assign_jobs(self) -> None:
+        for i, worker in enumerate(self._workers):
+            if worker.job is not None:
+                continue
+            with self._lock:
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+            try:
+                worker.conn.send((job.id, job.domain, job.task, job.completion))
+            except OSError:  # worker died between jobs: replace it and retry the job
+                self._replace(i)
+                with self._lock:
+                    self._queue.appendleft(job)
+                continue
+            worker.job, worker.started = job, time.monotonic()
+            worker.deadline = worker.started + job.timeout_s
+
+    def _collect(self, worker: _Worker) -> None:
+        job = worker.job
+        assert job is not None
+        try:
+            _, result, latency = worker.conn.recv()
+            verdict = Verdict(result, latency)
+        except (EOFError, OSError):  # the worker crashed (segfault, os._exit in a verifier, ...)
+            verdict = Verdict(VerifyResult.failure(Status.ERROR, "verifier worker died"), time.monotonic() - worker.started)
+            self._replace(self._workers.index(worker))
+        else:
+            worker.job = None
+        job.future.set_result(verdict)
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for i, worker in enumerate(self._workers):
+            if worker.job is not None and now >= worker.deadline:
+                job = worker.job
+                self.timeouts += 1
+                self._replace(i)
+                job.future.set_result(Verdict(
+                    VerifyResult.failure(Status.TIMEOUT, f"verifier exceeded {job.timeout_s:g}s"), now - worker.started
+                ))
+
+    def _replace(self, index: int) -> None:
+        self._workers[index].kill()
+        self._workers[index] = _Worker(self._ctx, self.domains)
+        self.restarts += 1
+
+    def _fail_pending(self, message: str) -> None:
+        with self._lock:
+            pending = list(self._queue)
+            self._queue.clear()
+        pending += [w.job for w in self._workers if w.job is not None]
+        for job in pending:
+            if not job.future.done():
+                job.future.set_result(Verdict(VerifyResult.failure(Status.ERROR, message), 0.0))

@@ -1,0 +1,1 @@
+"""GRPO trainer: rollouts, advantages and losses, the training recipe, checkpoints."""
