@@ -99,6 +99,20 @@ def _match_braces(text: str, open_index: int) -> int | None:
     return None
 
 
+def braces_balanced(text: str) -> bool:
+    """True when every unescaped ``{`` has its ``}``."""
+    depth, i = 0, 0
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth < 0:
+            return False
+        i += 1
+    return depth == 0
+
+
 def find_boxed(text: str) -> tuple[list[str], bool]:
     """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` in order, and whether one was unclosed."""
     pattern = "|".join(re.escape(macro) for macro in BOX_MACROS)
@@ -266,7 +280,7 @@ def grade_answer(completion: str, gold: str, config: MathConfig | None = None) -
 
 
 def _grade_extracted(found: Extraction, gold: str, config: MathConfig, timeout_s: int | None) -> VerifyResult:
-    gold_parsed = parse_gold(gold, timeout_s)
+    gold_parsed = parse_gold(gold, timeout_s) if braces_balanced(gold) else ()
     if not gold_parsed:  # the data is broken, not the model: an error, counted apart from wrong
         return VerifyResult.failure(Status.ERROR, f"gold answer {gold[:DETAIL_CHARS]!r} could not be parsed")
     if found.answer is None:  # require_boxed=False and no box: math-verify's own extraction
