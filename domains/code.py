@@ -1,0 +1,535 @@
+"""Code domains: hidden-test verification of model-written Python, and a JSONL-backed domain.
+
+Three test formats, detected from the fields of each dataset row and normalised into the payload:
+
+* ``humaneval`` — HumanEval as published: ``task_id, prompt, canonical_solution, test, entry_point``.
+  The trusted ``check(candidate)`` runs here, in the verifier process, never in the sandbox. Its
+  ``candidate`` is a stand-in that forwards each call to the sandboxed program and gets back only
+  plain data, wrapped so that ``True == 1`` does not hold (see ``_strict``). The program never sees
+  the expected values and cannot hand ``check`` an object whose ``==`` always says yes.
+* ``call`` — ``fn_name`` plus input/output pairs (APPS call-based rows, or ``tests: [{input,
+  output}]``): each input is an argument list, the return value comes back as plain data and is
+  compared here.
+* ``stdio`` — ``input_output: {inputs, outputs}`` without ``fn_name`` (APPS / CodeContests): one
+  fresh sandbox per case, stdout compared here line by line after stripping trailing space, numbers
+  with a tolerance.
+
+Statuses: ``format_error`` (no code, syntax error), ``timeout`` (wall clock or CPU), ``error`` (the
+program failed to load or its process died), ``sandbox_violation`` (output cap exceeded, or garbage
+on the result channel), ``wrong`` (ran, failed a test), ``ok``.
+
+Departures from the published harnesses: HumanEval's ``check`` counts as one test (its asserts are
+not split); a HumanEval check that tests a result with ``is True`` or ``isinstance(..., bool)`` fails,
+the price of keeping ``True`` distinct from ``1``.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import math
+import random
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from domains.api import Domain, DomainConfig, Status, Task, VerifyResult, user_prompt
+from domains.sandbox import (
+    SandboxConfig, SandboxProcess, SandboxUnavailable, decode_value, encode_value, run_script, self_test,
+)
+
+log = logging.getLogger("palestra.code")
+
+
+class CodeConfig(DomainConfig):
+    """Options shared by every code domain."""
+
+    verify_timeout_s: float = 60.0  # the pool's hard deadline; the sandbox's own limits act first
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    reward: Literal["all_pass", "fraction"] = "all_pass"
+    max_tests: int | None = Field(None, ge=1)  # run at most this many cases per task
+    unsafe_no_sandbox: bool = False  # run code WITHOUT isolation (warned about on every call)
+
+
+# -- completion → program -------------------------------------------------------------------------
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def extract_code(completion: str) -> str:
+    """The first ```python fenced block (any fenced block if none is labelled), else the text."""
+    blocks = _FENCE.findall(completion)
+    for label, body in blocks:
+        if label.lower() in ("python", "py", "python3"):
+            return body.strip("\n")
+    if blocks:
+        return blocks[0][1].strip("\n")
+    return completion.strip("\n")
+
+
+def defines(code: str, name: str) -> bool:
+    return re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+
+
+def assemble(completion: str, payload: dict[str, Any]) -> str:
+    """The program to run: the extracted code, after the task's prompt code when it lacks the entry."""
+    code = extract_code(completion)
+    entry = payload.get("entry_point")
+    if entry and payload.get("prompt_code") and not defines(code, entry):
+        code = payload["prompt_code"] + code  # HumanEval convention: completion continues the prompt
+    return code
+
+
+# -- comparing plain data -------------------------------------------------------------------------
+def values_match(got: Any, expected: Any, tol: float = 1e-6) -> bool:
+    """Equality for data that crossed JSON: bool is not int, tuples equal lists, floats with tolerance."""
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return type(got) is type(expected) and got == expected
+    if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
+        if isinstance(expected, float) and math.isnan(expected):
+            return isinstance(got, float) and math.isnan(got)
+        return math.isclose(got, expected, rel_tol=tol, abs_tol=tol)
+    if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
+        return len(got) == len(expected) and all(values_match(g, e, tol) for g, e in zip(got, expected))
+    if isinstance(expected, dict) and isinstance(got, dict):
+        g = {str(k): v for k, v in got.items()}  # JSON turns every dict key into a string
+        e = {str(k): v for k, v in expected.items()}
+        return len(g) == len(got) and g.keys() == e.keys() and all(values_match(g[k], e[k], tol) for k in e)
+    if type(got) is not type(expected):
+        return False
+    return got == expected
+
+
+def call_output_matches(got: Any, expected: Any) -> bool:
+    """APPS stores call-based outputs sometimes wrapped in a one-element list; accept both."""
+    if values_match(got, expected):
+        return True
+    return isinstance(expected, list) and len(expected) == 1 and values_match(got, expected[0])
+
+
+def stdout_matches(got: str, expected: str, tol: float = 1e-6) -> bool:
+    """Line by line after stripping trailing space; tokens that both parse as numbers within ``tol``."""
+    got_lines, want_lines = _lines(got), _lines(expected)
+    if len(got_lines) != len(want_lines):
+        return False
+    return all(g == w or _tokens_match(g, w, tol) for g, w in zip(got_lines, want_lines))
+
+
+def _lines(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.rstrip().split("\n")]
+    return lines if lines != [""] else []
+
+
+def _tokens_match(got: str, want: str, tol: float) -> bool:
+    g, w = got.split(), want.split()
+    if len(g) != len(w):
+        return False
+    for a, b in zip(g, w):
+        if a == b:
+            continue
+        try:
+            x, y = float(a), float(b)
+        except ValueError:
+            return False
+        if not math.isclose(x, y, rel_tol=tol, abs_tol=tol):
+            return False
+    return True
+
+
+# -- outcomes -------------------------------------------------------------------------------------
+class _Outcome:
+    """Tally of test cases; the first failure is kept with its input only."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.passed = total, 0
+        self.status: Status | None = None  # set when the run itself failed (timeout, crash, ...)
+        self.message = ""
+        self.first_failure: dict[str, Any] | None = None
+
+    def fail(self, case_input: Any, why: str, status: Status = Status.WRONG) -> None:
+        if self.first_failure is None:
+            self.first_failure = {"input": _short(case_input), "why": why[:300]}
+        if status is not Status.WRONG and self.status is None:
+            self.status, self.message = status, why
+
+    def result(self, mode: str) -> VerifyResult:
+        details = {"passed": self.passed, "total": self.total}
+        if self.first_failure:
+            details["first_failure"] = self.first_failure
+        all_pass = self.total > 0 and self.passed == self.total
+        reward = (1.0 if all_pass else 0.0) if mode == "all_pass" else self.passed / max(1, self.total)
+        if all_pass:
+            return VerifyResult(1.0, True, Status.OK, details)
+        status = self.status or Status.WRONG
+        return VerifyResult(reward, False, status, {**details, "message": self.message[:300]} if self.message else details)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _process_failure(proc: SandboxProcess, outcome: _Outcome, case_input: Any) -> None:
+    """The harness stopped answering: say why, from the process's fate."""
+    result = proc.finish()
+    if result.timed_out:
+        outcome.fail(case_input, "time limit exceeded", Status.TIMEOUT)
+    elif result.output_limited:
+        outcome.fail(case_input, "output limit exceeded", Status.SANDBOX_VIOLATION)
+    else:
+        tail = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        outcome.fail(case_input, f"program exited (code {result.returncode}) {tail[0]}", Status.ERROR)
+
+
+# -- function-call tests --------------------------------------------------------------------------
+class _Caller:
+    """One sandboxed module; ``call(args)`` runs the entry point there and returns plain data."""
+
+    def __init__(self, config: CodeConfig, code: str, entry: str) -> None:
+        self.proc = SandboxProcess(config.sandbox, {"mode": "call", "code": code, "entry": entry},
+                                   unsafe=config.unsafe_no_sandbox)
+        self.count = 0
+        self.load_error: str | None = None
+        hello = self.proc.recv()
+        self.ready = self._genuine(hello) and "load" in hello
+        if self.ready and hello["load"] is not None:
+            self.ready, self.load_error = False, str(hello["load"])[:300]
+        self.forged = hello is not None and not self._genuine(hello)
+
+    def _genuine(self, message: dict[str, Any] | None) -> bool:
+        return isinstance(message, dict) and message.get("n") == self.proc.nonce
+
+    def call(self, args: list[Any]) -> tuple[str, Any]:
+        """('value', v) | ('raised', message) | ('dead', None) | ('forged', None)."""
+        index, self.count = self.count, self.count + 1
+        if not self.proc.send({"i": index, "a": encode_value(list(args)), "k": {"D": []}}):
+            return "dead", None
+        reply = self.proc.recv()
+        if reply is None:
+            return "dead", None
+        if not self._genuine(reply) or reply.get("i") != index or not ({"v", "e"} & reply.keys()):
+            return "forged", None
+        if "e" in reply:
+            return "raised", str(reply["e"])[:300]
+        try:
+            return "value", decode_value(reply["v"])
+        except (ValueError, TypeError, KeyError):
+            return "forged", None
+
+
+def _start(config: CodeConfig, code: str, entry: str, outcome: _Outcome) -> _Caller | None:
+    caller = _Caller(config, code, entry)
+    if caller.ready:
+        return caller
+    if caller.forged:
+        caller.proc.finish()
+        outcome.fail(None, "garbage on the result channel", Status.SANDBOX_VIOLATION)
+    elif caller.load_error is not None:
+        caller.proc.finish()
+        outcome.fail(None, f"program failed to load: {caller.load_error}", Status.ERROR)
+    else:
+        _process_failure(caller.proc, outcome, None)
+    return None
+
+
+def run_call_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Outcome:
+    cases = payload["cases"][: config.max_tests]
+    outcome = _Outcome(len(cases))
+    caller = _start(config, code, payload["entry_point"], outcome)
+    if caller is None:
+        return outcome
+    for case in cases:
+        kind, value = caller.call(case["args"])
+        if kind == "dead":
+            _process_failure(caller.proc, outcome, case["args"])
+            return outcome
+        if kind == "forged":
+            outcome.fail(case["args"], "garbage on the result channel", Status.SANDBOX_VIOLATION)
+            break
+        if kind == "value" and call_output_matches(value, case["expected"]):
+            outcome.passed += 1
+            continue
+        outcome.fail(case["args"], f"raised {value}" if kind == "raised" else f"returned {_short(value, 100)}")
+        if config.reward == "all_pass":
+            break
+    caller.proc.finish()
+    return outcome
+
+
+# -- HumanEval check(candidate) -------------------------------------------------------------------
+class _Abort(BaseException):
+    """Stops a check() run whatever it catches: the sandboxed program is gone or misbehaved."""
+
+
+class _StrictInt(int):
+    """An int from the sandbox that is not equal to a bool (so returning True for 1 fails)."""
+
+    def __eq__(self, other: object) -> bool:
+        return not isinstance(other, (bool, _StrictBool)) and int(self) == other
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = int.__hash__
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+class _StrictBool(int):
+    """A bool from the sandbox: truthy like a bool, equal only to bools."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (bool, _StrictBool)) and int(self) == int(other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = int.__hash__
+
+    def __repr__(self) -> str:
+        return "True" if self else "False"
+
+
+def _strict(value: Any) -> Any:
+    if isinstance(value, bool):
+        return _StrictBool(value)
+    if isinstance(value, int):
+        return _StrictInt(value)
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_strict(v) for v in value)
+    if isinstance(value, frozenset):
+        return set(_strict(v) for v in value)
+    if isinstance(value, dict):
+        return {_strict(k): _strict(v) for k, v in value.items()}
+    return value
+
+
+def run_humaneval(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Outcome:
+    outcome = _Outcome(1)
+    caller = _start(config, code, payload["entry_point"], outcome)
+    if caller is None:
+        return outcome
+    last_args: list[Any] = []
+
+    def candidate(*args: Any) -> Any:
+        last_args[:] = [args]
+        kind, value = caller.call(list(args))
+        if kind == "value":
+            return _strict(value)
+        if kind == "raised":
+            raise RuntimeError(f"candidate raised {value}")
+        raise _Abort(kind)
+
+    namespace: dict[str, Any] = {"__name__": "__check__"}
+    try:
+        _run_trusted(payload.get("prompt_code", ""), namespace)  # helpers check() may call
+        exec(compile(payload["test"], "<check>", "exec"), namespace)
+        namespace["check"](candidate)
+        outcome.passed = 1
+    except _Abort as abort:
+        if str(abort) == "dead":
+            _process_failure(caller.proc, outcome, last_args[0] if last_args else None)
+            return outcome
+        outcome.fail(last_args[0] if last_args else None, "garbage on the result channel", Status.SANDBOX_VIOLATION)
+    except Exception as exc:  # AssertionError, or the candidate's own exception
+        outcome.fail(last_args[0] if last_args else None, f"{type(exc).__name__}: {exc}")
+    caller.proc.finish()
+    return outcome
+
+
+def _run_trusted(code: str, namespace: dict[str, Any]) -> None:
+    try:
+        exec(compile(code, "<prompt>", "exec"), namespace)
+    except Exception:  # a prompt that is not runnable on its own only loses its helpers
+        pass
+
+
+# -- stdin/stdout tests ---------------------------------------------------------------------------
+def run_stdio_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Outcome:
+    cases = payload["cases"][: config.max_tests]
+    outcome = _Outcome(len(cases))
+    for case in cases:
+        result = run_script(config.sandbox, code, case["input"].encode(), unsafe=config.unsafe_no_sandbox)
+        if result.timed_out:
+            outcome.fail(case["input"], "time limit exceeded", Status.TIMEOUT)
+        elif result.output_limited:
+            outcome.fail(case["input"], "output limit exceeded", Status.SANDBOX_VIOLATION)
+        elif result.returncode != 0:
+            tail = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            outcome.fail(case["input"], f"exit code {result.returncode}: {tail[0]}")
+        elif stdout_matches(result.stdout.decode(errors="replace"), case["output"]):
+            outcome.passed += 1
+            continue
+        else:
+            outcome.fail(case["input"], "wrong output")
+        if config.reward == "all_pass" or outcome.status in (Status.TIMEOUT, Status.SANDBOX_VIOLATION):
+            break
+    return outcome
+
+
+# -- the verifier ---------------------------------------------------------------------------------
+RUNNERS = {"call": run_call_tests, "humaneval": run_humaneval, "stdio": run_stdio_tests}
+
+
+def verify_code(config: CodeConfig, payload: dict[str, Any], completion: str) -> VerifyResult:
+    """Score one completion against the hidden tests in ``payload``; never raises for bad code."""
+    if config.unsafe_no_sandbox:
+        log.warning("unsafe_no_sandbox is set: running model-written code WITHOUT isolation")
+    else:
+        try:
+            self_test(config.sandbox)
+        except SandboxUnavailable as exc:
+            log.error("code sandbox unavailable, refusing to score: %s", exc)
+            return VerifyResult.failure(
+                Status.ERROR, f"refusing to score code: {exc} (set unsafe_no_sandbox: true to run it unisolated)"
+            )
+    code = assemble(completion, payload)
+    if not code.strip():
+        return VerifyResult.failure(Status.FORMAT_ERROR, "no code in the completion")
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return VerifyResult.failure(Status.FORMAT_ERROR, f"not valid Python: {type(exc).__name__}: {exc}")
+    result = RUNNERS[payload["format"]](config, code, payload).result(config.reward)
+    if config.unsafe_no_sandbox:
+        result.details["unsafe_no_sandbox"] = True
+    return result
+
+
+class CodeDomain(Domain):
+    """Base of the code domains: verification through the sandbox, reference from the payload."""
+
+    Config = CodeConfig
+    version = "1"
+
+    def verify(self, task: Task, completion: str) -> VerifyResult:
+        return verify_code(self.config, task.payload, completion)
+
+    def reference(self, task: Task) -> str | None:
+        return task.payload.get("reference")
+
+
+# -- dataset rows → tasks -------------------------------------------------------------------------
+def detect_format(row: dict[str, Any]) -> str:
+    if {"prompt", "test", "entry_point"} <= row.keys() and "def check" in str(row["test"]):
+        return "humaneval"
+    io = _input_output(row)
+    if io is not None:
+        return "call" if (io.get("fn_name") or row.get("fn_name")) else "stdio"
+    if row.get("fn_name") and ("tests" in row or "inputs" in row):
+        return "call"
+    raise ValueError(f"unrecognised code task row (fields: {', '.join(sorted(row))})")
+
+
+def _input_output(row: dict[str, Any]) -> dict[str, Any] | None:
+    io = row.get("input_output")
+    if isinstance(io, str) and io.strip():
+        io = json.loads(io)
+    return io if isinstance(io, dict) and "inputs" in io and "outputs" in io else None
+
+
+def _pairs(row: dict[str, Any]) -> list[tuple[Any, Any]]:
+    io = _input_output(row) or row
+    if "tests" in io:
+        return [(t["input"], t["output"]) for t in io["tests"]]
+    if len(io["inputs"]) != len(io["outputs"]):
+        raise ValueError("inputs and outputs differ in length")
+    return list(zip(io["inputs"], io["outputs"]))
+
+
+def _as_text(value: Any) -> str:
+    return "\n".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def row_to_task(row: dict[str, Any], domain: str, level: int = 1) -> Task:
+    """Normalise one JSONL row (any supported format) into a Task with hidden tests."""
+    fmt = detect_format(row)
+    meta = {"task_id": row.get("task_id", row.get("problem_id")), "format": fmt}
+    if fmt == "humaneval":
+        payload = {"format": fmt, "entry_point": row["entry_point"], "test": row["test"], "prompt_code": row["prompt"]}
+        text = f"Complete the following Python function.\n\n```python\n{row['prompt']}```"
+        reference = row.get("canonical_solution")
+    else:
+        text = str(row.get("question") or row.get("prompt") or row.get("problem") or row.get("description") or "")
+        reference = _first_solution(row)
+        if fmt == "call":
+            name = (_input_output(row) or {}).get("fn_name") or row["fn_name"]
+            cases = [{"args": i if isinstance(i, list) else [i], "expected": o} for i, o in _pairs(row)]
+            payload = {"format": fmt, "entry_point": name, "cases": cases}
+            if row.get("starter_code"):
+                payload["prompt_code"] = row["starter_code"]
+        else:
+            payload = {"format": fmt, "cases": [{"input": _as_text(i), "output": _as_text(o)} for i, o in _pairs(row)]}
+    if reference:
+        payload["reference"] = reference
+    return Task(domain=domain, level=level, prompt=user_prompt(text), payload=payload, meta=meta)
+
+
+def _first_solution(row: dict[str, Any]) -> str | None:
+    for key in ("canonical_solution", "solution", "reference"):
+        if isinstance(row.get(key), str):
+            return row[key]
+    solutions = row.get("solutions")
+    if isinstance(solutions, str) and solutions.strip():
+        solutions = json.loads(solutions)
+    return solutions[0] if isinstance(solutions, list) and solutions else None
+
+
+_DIFFICULTY = {"introductory": 1, "easy": 1, "interview": 2, "medium": 2, "competition": 3, "hard": 3}
+
+
+def row_level(row: dict[str, Any]) -> int:
+    if isinstance(row.get("level"), int):
+        return row["level"]
+    return _DIFFICULTY.get(str(row.get("difficulty", "")).lower(), 1)
+
+
+def load_jsonl(path: str | Path, domain: str) -> list[Task]:
+    tasks = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                tasks.append(row_to_task(row, domain, row_level(row)))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from exc
+    return tasks
+
+
+class CodeDatasetConfig(CodeConfig):
+    path: str | None = None  # JSONL file of task rows (HumanEval, APPS-style stdin/stdout or call-based)
+
+
+class CodeDatasetDomain(CodeDomain):
+    """Code tasks from a JSONL file; levels from each row's ``level`` or ``difficulty`` field."""
+
+    name = "code_dataset"
+    Config = CodeDatasetConfig
+
+    def __init__(self, config: CodeDatasetConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.tasks: list[Task] = []
+        self._on_configure()
+
+    def _on_configure(self) -> None:
+        self.tasks = load_jsonl(self.config.path, self.name) if self.config.path else []
+        self.levels = tuple(sorted({t.level for t in self.tasks})) or (1,)
+
+    def task_from_row(self, row: dict[str, Any]) -> Task:
+        """One raw row (e.g. from ``palestra verify --input``) as a task of this domain."""
+        return row_to_task(row, self.name, row_level(row))
+
+    def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
+        pool = [t for t in self.tasks if t.level == level]
+        if not pool:
+            raise ValueError(f"{self.name}: no tasks at level {level} (path: {self.config.path})")
+        return rng.sample(pool, n) if n <= len(pool) else rng.choices(pool, k=n)
+
+
+CODE_DATASET = CodeDatasetDomain()

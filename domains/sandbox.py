@@ -1,0 +1,645 @@
+"""Run untrusted Python in a bubblewrap sandbox with rlimits, a wall clock and capped output.
+
+Isolation layers, outermost first:
+
+* ``bwrap --unshare-all`` (user, pid, net, ipc, uts, cgroup and mount namespaces): no network
+  interfaces but a dead loopback, its own process tree, and a file system built from nothing but a
+  read-only ``/usr`` (plus the ``/bin``, ``/lib*`` links), a fresh ``/proc``, a minimal read-only
+  ``/dev`` and one size-limited tmpfs at ``/tmp`` — the only writable place. No ``/etc``, no home,
+  no project directory. ``--clearenv``, ``--new-session`` (no terminal injection) and
+  ``--die-with-parent`` (the sandbox dies with the verifier process).
+* When we run as root, bwrap itself is started under a fresh random unprivileged uid for every run
+  (``Popen(user=...)``): the sandbox then holds no capabilities, and ``RLIMIT_NPROC`` — which the
+  kernel never enforces for root — counts only that one run's processes. As an ordinary user the
+  sandbox runs under that user's uid and ``nproc`` is added on top of the processes the user already
+  has (measured once per process; the kernel counts per uid).
+* rlimits (address space, CPU, processes, file size, open files, core dumps) are set by the trusted
+  harness (``HARNESS`` below) as its first act inside the sandbox, before it reads the untrusted
+  code. Doing it there rather than in a ``preexec_fn`` keeps ``Popen`` safe to call from threads.
+* The parent enforces a wall-clock deadline and an output cap; on either it kills the sandbox's
+  init (its pid comes from ``--info-fd``), which tears down the whole pid namespace, then bwrap's
+  process group. ``--as-pid-1`` makes the harness the namespace's init so bwrap leaves no helper
+  process behind that could outlive it as a zombie.
+
+The interpreter inside is the system ``/usr/bin/python3`` started with ``-S -I -B`` (no site, no
+environment, no user paths, no bytecode writes): it lives under the read-only ``/usr`` bind, starts
+in ~15 ms and does not depend on the project's virtualenv. ``SandboxConfig.python`` may name another
+interpreter; its installation prefix is then bound read-only too.
+
+Departure from a container runtime: no seccomp filter and no cgroup memory/pid controller (cgroups
+are usually not delegated to us); ``RLIMIT_AS`` and ``RLIMIT_NPROC`` stand in for them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger("palestra.sandbox")
+
+MiB = 1 << 20
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot isolate code on this machine; the code verifier refuses to score."""
+
+
+class SandboxConfig(BaseModel):
+    """Per-domain sandbox limits (nested under a code domain's options as ``sandbox:``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    wall_timeout_s: float = Field(2.0, gt=0)  # per sandboxed process, enforced by the parent
+    cpu_s: int = Field(1, ge=1)  # RLIMIT_CPU: SIGKILL once this much CPU time is used
+    memory_mb: int = Field(512, ge=64)  # RLIMIT_AS (address space) per process
+    nproc: int = Field(16, ge=1)  # RLIMIT_NPROC: processes + threads of the run
+    file_size_mb: int = Field(8, ge=1)  # RLIMIT_FSIZE: largest file the program may write
+    open_files: int = Field(64, ge=16)  # RLIMIT_NOFILE
+    tmpfs_mb: int = Field(16, ge=1)  # size of /tmp, the only writable place
+    output_bytes: int = Field(MiB, ge=1024)  # cap on stdout and on stderr, each
+    python: str = "/usr/bin/python3"  # interpreter inside the sandbox
+    bwrap: str = "bwrap"
+
+
+@dataclass
+class SandboxResult:
+    returncode: int | None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    timed_out: bool = False  # wall clock or CPU limit
+    wall_s: float = 0.0
+    signal: int | None = None
+
+    @property
+    def output_limited(self) -> bool:
+        return self.stdout_truncated or self.stderr_truncated
+
+
+# The trusted program that runs first inside the sandbox. argv: request fd, response fd, rlimits as
+# JSON. It lowers its own rlimits, reads one JSON header line ({"mode", "code", "entry", "nonce"})
+# from the request fd and then either
+#   mode "script": closes both channels and runs the code as __main__ on the real stdin/stdout, or
+#   mode "call":   runs the code as a module, then answers one request line {"i", "a", "k"} at a
+#                  time with {"n": nonce, "i", "v": tagged value} or {"n", "i", "e": error}.
+# Values cross in a tagged JSON form (tuple/set/dict/non-finite float keep their type, bool stays
+# distinct from int) and only exact plain types are accepted: a returned object with a custom
+# __eq__ is refused before it can reach the comparison in the parent. Every helper is bound before
+# the untrusted code runs, so monkeypatching builtins afterwards does not change what the harness
+# does; and since the parent compares, a forged answer line is worth no more than returning that
+# value from the function.
+HARNESS = r'''
+import sys, os, json, json.decoder, json.encoder, json.scanner, resource
+def _harness():
+    req_fd, resp_fd, limits = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+    for name, value in limits.items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+    reader = os.fdopen(req_fd, "rb")
+    header = json.loads(reader.readline())
+    nonce, code, mode = header["nonce"], header["code"], header["mode"]
+    # From here on only captured references: the untrusted code may rebind builtins or json.
+    T, I, F, S, B, N = tuple, int, float, str, bool, type(None)
+    L, D, ST, FS, typ = list, dict, set, frozenset, type
+    scan = json.scanner.c_make_scanner(json.decoder.JSONDecoder())
+    esc, irepr, frepr = json.encoder.c_encode_basestring_ascii, I.__repr__, F.__repr__
+    write, isfin, join = os.write, __import__("math").isfinite, ",".join
+    BaseExc = BaseException
+    def enc(x, depth=0):
+        t = typ(x)
+        if depth > 50: raise ValueError("value nested too deeply")
+        if t is B or t is N or t is S: return x
+        if t is I: return x if -2**53 < x < 2**53 else {"I": irepr(x)}
+        if t is F: return x if isfin(x) else {"F": frepr(x)}
+        if t is L: return [enc(v, depth + 1) for v in x]
+        if t is T: return {"T": [enc(v, depth + 1) for v in x]}
+        if t is ST or t is FS: return {"S": [enc(v, depth + 1) for v in x]}
+        if t is D: return {"D": [[enc(k, depth + 1), enc(v, depth + 1)] for k, v in x.items()]}
+        raise TypeError("returned a " + S(t.__name__) + ", not plain data")
+    def js(x):
+        t = typ(x)
+        if t is S: return esc(x)
+        if t is B: return "true" if x else "false"
+        if t is N: return "null"
+        if t is I: return irepr(x)
+        if t is F: return frepr(x)
+        if t is L: return "[" + join([js(v) for v in x]) + "]"
+        return "{" + join([esc(k) + ":" + js(v) for k, v in x.items()]) + "}"
+    def dec(x):
+        t = typ(x)
+        if t is L: return [dec(v) for v in x]
+        if t is D:
+            (tag, v), = x.items()
+            if tag == "I": return I(v)
+            if tag == "F": return F(v)
+            if tag == "T": return T([dec(e) for e in v])
+            if tag == "S": return ST([dec(e) for e in v])
+            return {dec(k): dec(w) for k, w in v}
+        return x
+    def describe(e):
+        try:
+            msg = S(e)[:300]
+            return S(typ(e).__name__) + (": " + msg if msg else "")
+        except BaseExc:
+            return "exception"
+    def send(obj):
+        data = (js(obj) + "\n").encode()
+        while data:
+            data = data[write(resp_fd, data):]
+    if mode == "script":
+        reader.close(); os.close(resp_fd)
+        del reader
+        globs = {"__name__": "__main__", "__builtins__": __builtins__}
+        exec(compile(code, "<solution>", "exec"), globs)
+        return
+    module = {"__name__": "__solution__", "__builtins__": __builtins__}
+    try:
+        exec(compile(code, "<solution>", "exec"), module)
+        fn = module[header["entry"]]
+    except BaseExc as e:
+        send({"n": nonce, "load": describe(e)}); return
+    send({"n": nonce, "load": None})
+    for line in reader:
+        req = scan(line.decode(), 0)[0]
+        try:
+            out = {"n": nonce, "i": req["i"], "v": enc(fn(*dec(req["a"]), **dec(req["k"])))}
+        except BaseExc as e:
+            out = {"n": nonce, "i": req["i"], "e": describe(e)}
+        try: send(out)
+        except BaseExc as e: send({"n": nonce, "i": req["i"], "e": describe(e)})
+_harness()
+'''
+
+
+def encode_value(x: Any) -> Any:
+    """The harness's tagged JSON form, for arguments sent into the sandbox."""
+    if x is None or isinstance(x, (bool, str)):
+        return x
+    if isinstance(x, int):
+        return x if -(2**53) < x < 2**53 else {"I": str(x)}
+    if isinstance(x, float):
+        return x if x == x and abs(x) != float("inf") else {"F": repr(x)}
+    if isinstance(x, list):
+        return [encode_value(v) for v in x]
+    if isinstance(x, tuple):
+        return {"T": [encode_value(v) for v in x]}
+    if isinstance(x, (set, frozenset)):
+        return {"S": [encode_value(v) for v in x]}
+    if isinstance(x, dict):
+        return {"D": [[encode_value(k), encode_value(v)] for k, v in x.items()]}
+    raise TypeError(f"cannot send a {type(x).__name__} into the sandbox")
+
+
+def decode_value(x: Any) -> Any:
+    """Rebuild a value the harness sent back; anything malformed raises ValueError."""
+    if isinstance(x, list):
+        return [decode_value(v) for v in x]
+    if not isinstance(x, dict):
+        return x
+    if len(x) != 1:
+        raise ValueError("malformed tagged value")
+    (tag, v), = x.items()
+    if tag == "I":
+        return int(v)
+    if tag == "F":
+        return float(v)
+    if tag == "T":
+        return tuple(decode_value(e) for e in v)
+    if tag == "S":
+        return frozenset(decode_value(e) for e in v)
+    if tag == "D":
+        return {_hashable(decode_value(k)): decode_value(w) for k, w in v}
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(key) if isinstance(key, list) else key
+
+
+# -- the sandbox command line ---------------------------------------------------------------------
+def _system_binds() -> list[str]:
+    """/usr read-only, and /bin, /lib* the same way the host has them (symlinks on merged-/usr)."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        path = Path(name)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), name]
+        elif path.is_dir():
+            args += ["--ro-bind", name, name]
+    return args
+
+
+def _python_binds(python: str) -> list[str]:
+    """Bind the interpreter's installation prefix when it lives outside /usr."""
+    real = os.path.realpath(python)
+    if real.startswith("/usr/"):
+        return []
+    prefix = str(Path(real).parent.parent)
+    return ["--ro-bind", prefix, prefix]
+
+
+def rlimits(config: SandboxConfig, nproc_base: int = 0) -> dict[str, int]:
+    return {
+        "RLIMIT_AS": config.memory_mb * MiB,
+        "RLIMIT_CPU": config.cpu_s,  # soft == hard: the kernel sends SIGKILL, which pid 1 cannot ignore
+        "RLIMIT_NPROC": nproc_base + config.nproc,
+        "RLIMIT_FSIZE": config.file_size_mb * MiB,
+        "RLIMIT_NOFILE": config.open_files,
+        "RLIMIT_CORE": 0,
+    }
+
+
+def bwrap_argv(config: SandboxConfig, info_fd: int) -> list[str]:
+    return [
+        config.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
+        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LC_ALL", "C.UTF-8",
+        *_system_binds(), *_python_binds(config.python),
+        "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+        "--size", str(config.tmpfs_mb * MiB), "--tmpfs", "/tmp", "--chdir", "/tmp",
+        "--hostname", "sandbox", "--info-fd", str(info_fd),
+    ]
+
+
+def _fresh_uid() -> int:
+    """A uid no account uses, fresh for every run (only used when we are root)."""
+    return 1_500_000_000 + secrets.randbelow(500_000_000)
+
+
+_NPROC_BASE: dict[int, int] = {}
+
+
+def _nproc_base() -> int:
+    """Processes (threads included) this uid already has: RLIMIT_NPROC counts them too."""
+    uid = os.getuid()
+    if uid == 0:
+        return 0
+    if uid not in _NPROC_BASE:
+        count = 0
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                text = status.read_text()
+            except OSError:
+                continue
+            if f"\nUid:\t{uid}\t" in text:
+                count += int(text.split("\nThreads:\t")[1].split()[0])
+        _NPROC_BASE[uid] = count + 64  # headroom for the threads the caller may add later
+    return _NPROC_BASE[uid]
+
+
+# -- one sandboxed harness process ----------------------------------------------------------------
+@dataclass
+class _Stream:
+    fd: int
+    cap: int
+    data: bytearray = field(default_factory=bytearray)
+    truncated: bool = False
+    closed: bool = False
+
+
+class SandboxProcess:
+    """The harness running in a fresh sandbox, driven through pipes by the parent.
+
+    ``unsafe=True`` runs the same harness without bwrap (still with rlimits and a temporary work
+    directory): for machines where bwrap cannot work and the user explicitly accepts the risk.
+    """
+
+    def __init__(self, config: SandboxConfig, header: dict[str, Any], stdin: bytes = b"", unsafe: bool = False):
+        self.config = config
+        self.nonce = secrets.token_hex(16)
+        self.start = time.monotonic()
+        self.deadline = self.start + config.wall_timeout_s
+        self.timed_out = False
+        self._inner_pid: int | None = None
+        self._workdir: str | None = None
+        self._pending_stdin = bytearray(stdin)
+        self._spawn(header, unsafe)
+
+    # -- start ----------------------------------------------------------------------------------
+    def _spawn(self, header: dict[str, Any], unsafe: bool) -> None:
+        req_r, req_w = os.pipe()
+        resp_r, resp_w = os.pipe()
+        info_r, info_w = os.pipe()
+        limits = json.dumps(rlimits(self.config, _nproc_base()))
+        inner = [self.config.python, "-S", "-I", "-B", "-c", HARNESS, str(req_r), str(resp_w), limits]
+        kwargs: dict[str, Any] = {}
+        if os.getuid() == 0:  # run as nobody-in-particular: no capabilities, nproc counts this run only
+            uid = _fresh_uid()
+            kwargs = {"user": uid, "group": uid, "extra_groups": []}
+        if unsafe:
+            self._workdir = tempfile.mkdtemp(prefix="palestra-unsafe-")
+            os.chmod(self._workdir, 0o777)
+            argv, fds, env = inner, (req_r, resp_w), {"PATH": "/usr/bin:/bin"}
+        else:
+            argv, fds, env = bwrap_argv(self.config, info_w) + inner, (req_r, resp_w, info_w), {}
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=fds, start_new_session=True, env=env, cwd=self._workdir, **kwargs,
+            )
+        finally:
+            for fd in (req_r, resp_w, info_w):
+                os.close(fd)
+        self.uid = kwargs.get("user", os.getuid())
+        self._req = req_w
+        self._resp = _Stream(resp_r, 64 * MiB)
+        self._info = _Stream(-1 if unsafe else info_r, 4096, closed=unsafe)
+        if unsafe:
+            os.close(info_r)
+        self._out = _Stream(self.proc.stdout.fileno(), self.config.output_bytes)
+        self._err = _Stream(self.proc.stderr.fileno(), self.config.output_bytes)
+        self._sel = selectors.DefaultSelector()
+        for stream in (self._resp, self._out, self._err) + (() if unsafe else (self._info,)):
+            os.set_blocking(stream.fd, False)
+            self._sel.register(stream.fd, selectors.EVENT_READ, stream)
+        self._stdin_fd = self.proc.stdin.fileno()
+        os.set_blocking(self._stdin_fd, False)
+        self._sel.register(self._stdin_fd, selectors.EVENT_WRITE, "stdin")
+        os.set_blocking(self._req, False)
+        self._pending_req = bytearray()
+        self._req_registered = False
+        self.send({**header, "nonce": self.nonce})
+
+    # -- talk -----------------------------------------------------------------------------------
+    def send(self, message: dict[str, Any]) -> bool:
+        """Queue one request line and push it out; False when the harness is gone or time is up."""
+        if self._req is None:
+            return False
+        self._pending_req += (json.dumps(message) + "\n").encode()
+        if not self._req_registered:
+            self._sel.register(self._req, selectors.EVENT_WRITE, "req")
+            self._req_registered = True
+        return self._pump(until=lambda: not self._pending_req) and self._req is not None
+
+    def recv(self) -> dict[str, Any] | None:
+        """The next response line from the harness; None on exit, deadline or output overflow."""
+        self._pump(until=lambda: b"\n" in self._resp.data or self._resp.closed)
+        if b"\n" not in self._resp.data:
+            return None
+        line, _, rest = bytes(self._resp.data).partition(b"\n")
+        self._resp.data = bytearray(rest)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return {"malformed": True}
+        return message if isinstance(message, dict) else {"malformed": True}
+
+    def _pump(self, until) -> bool:
+        """Move bytes until ``until()`` holds (True) or the deadline / the output cap hits (False)."""
+        while not until():
+            if self._over_limit():
+                return False
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                self.timed_out = True
+                return False
+            events = self._sel.select(timeout=min(remaining, 0.5))
+            if not events and self._all_closed() and self.proc.poll() is not None:
+                return until()  # nothing more can arrive
+            for key, _ in events:
+                if key.data == "stdin":
+                    self._feed_stdin()
+                elif key.data == "req":
+                    self._feed_req()
+                else:
+                    self._read(key.data)
+        return True
+
+    def _feed_req(self) -> None:
+        try:
+            written = os.write(self._req, self._pending_req[:65536])
+            del self._pending_req[:written]
+        except BlockingIOError:
+            return
+        except OSError:  # the harness closed its end (script mode, or it died)
+            self._pending_req.clear()
+            self._close_fd("_req")
+            return
+        if not self._pending_req:
+            self._sel.unregister(self._req)
+            self._req_registered = False
+
+    def _over_limit(self) -> bool:
+        return self._out.truncated or self._err.truncated
+
+    def _all_closed(self) -> bool:
+        return self._resp.closed and self._out.closed and self._err.closed
+
+    def _read(self, stream: _Stream) -> None:
+        try:
+            chunk = os.read(stream.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            stream.closed = True
+            self._sel.unregister(stream.fd)
+            if stream is self._info:
+                self._note_inner_pid()
+            return
+        room = stream.cap - len(stream.data)
+        stream.data += chunk[:room]
+        if len(chunk) > room:
+            stream.truncated = True
+
+    def _read_info(self, wait_s: float) -> None:
+        end = time.monotonic() + wait_s
+        while not self._info.closed and time.monotonic() < end:
+            for key, _ in self._sel.select(timeout=0.05):
+                if key.data is not None and key.data not in ("stdin", "req"):
+                    self._read(key.data)
+
+    def _note_inner_pid(self) -> None:
+        try:
+            self._inner_pid = int(json.loads(bytes(self._info.data))["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            self._inner_pid = None
+
+    def _feed_stdin(self) -> None:
+        if self.proc.stdin.closed:
+            return
+        try:
+            if self._pending_stdin:
+                written = os.write(self._stdin_fd, self._pending_stdin[:65536])
+                del self._pending_stdin[:written]
+                if self._pending_stdin:
+                    return
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._sel.unregister(self._stdin_fd)
+        self.proc.stdin.close()
+
+    # -- finish ---------------------------------------------------------------------------------
+    def finish(self) -> SandboxResult:
+        """Close the request channel, let the harness exit (or kill it at the deadline), reap."""
+        self._close_fd("_req")
+        finished = self._pump(until=lambda: self._out.closed and self._err.closed and self._stdin_done())
+        if finished:
+            try:
+                self.proc.wait(timeout=max(0.01, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.timed_out = True
+        self.kill()
+        return self._result()
+
+    def _stdin_done(self) -> bool:
+        return self.proc.stdin.closed
+
+    def kill(self) -> None:
+        """Kill the sandbox's init (taking its whole pid namespace along), then bwrap; reap."""
+        if self.proc.poll() is None:
+            if self._inner_pid is None and not self._info.closed:
+                self._read_info(wait_s=0.5)  # bwrap writes it right after clone
+            if self._inner_pid is not None and _kill_if_child_of(self._inner_pid, self.proc.pid):
+                try:  # let bwrap reap its child: killed first, it would leave a zombie to init
+                    self.proc.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait()
+        self._close_fd("_req")
+        for stream in (self._resp, self._info):
+            self._close_stream(stream)
+        self._sel.close()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        if not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def _close_fd(self, attr: str) -> None:
+        fd = getattr(self, attr)
+        if fd is not None:
+            if attr == "_req" and self._req_registered:
+                self._sel.unregister(fd)
+                self._req_registered = False
+            os.close(fd)
+            setattr(self, attr, None)
+
+    def _close_stream(self, stream: _Stream) -> None:
+        if stream.fd >= 0:
+            try:
+                os.close(stream.fd)
+            except OSError:
+                pass
+            stream.fd = -1
+
+    def _result(self) -> SandboxResult:
+        code = self.proc.returncode
+        sig = -code if code is not None and code < 0 else (code - 128 if code and code > 128 else None)
+        cpu_killed = sig == signal.SIGKILL and not self._over_limit() and not self.timed_out
+        return SandboxResult(
+            returncode=code, stdout=bytes(self._out.data), stderr=bytes(self._err.data),
+            stdout_truncated=self._out.truncated, stderr_truncated=self._err.truncated,
+            timed_out=self.timed_out or cpu_killed, wall_s=time.monotonic() - self.start, signal=sig,
+        )
+
+    def __enter__(self) -> "SandboxProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.returncode is None:
+            self.kill()
+
+
+def _kill_if_child_of(pid: int, parent: int) -> bool:
+    """SIGKILL ``pid`` if it is still ``parent``'s child (guards against a recycled pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            os.kill(pid, signal.SIGKILL)
+            return True
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def run_script(config: SandboxConfig, code: str, stdin: bytes = b"", unsafe: bool = False) -> SandboxResult:
+    """Run ``code`` as a script on ``stdin`` in a fresh sandbox; the parent reads its stdout."""
+    with SandboxProcess(config, {"mode": "script", "code": code}, stdin=stdin, unsafe=unsafe) as proc:
+        return proc.finish()
+
+
+# -- start-up self-test ---------------------------------------------------------------------------
+_PROBE = r"""
+import os, socket, json
+checks = {"uid_not_root": os.getuid() != 0, "no_etc": not os.path.exists("/etc/passwd")}
+checks["no_project"] = not os.path.exists(%r)
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=0.5); checks["no_network"] = False
+except OSError:
+    checks["no_network"] = True
+try:
+    open("/usr/palestra-probe", "w"); checks["ro_usr"] = False
+except OSError:
+    checks["ro_usr"] = True
+open("/tmp/probe", "w").write("ok")
+checks["tmp_writable"] = open("/tmp/probe").read() == "ok"
+print(json.dumps(checks))
+"""
+
+_SELF_TEST: dict[tuple[str, str], str | None] = {}
+
+
+def self_test(config: SandboxConfig) -> None:
+    """Check once per process (per interpreter) that the sandbox isolates; raise SandboxUnavailable."""
+    key = (config.bwrap, config.python)
+    if key not in _SELF_TEST:
+        _SELF_TEST[key] = _probe(config)
+    if _SELF_TEST[key]:
+        raise SandboxUnavailable(_SELF_TEST[key])
+
+
+def _probe(config: SandboxConfig) -> str | None:
+    if shutil.which(config.bwrap) is None:
+        return f"{config.bwrap!r} not found (install the 'bubblewrap' package)"
+    if not os.access(config.python, os.X_OK):
+        return f"sandbox interpreter {config.python!r} not found"
+    probe_config = config.model_copy(update={"wall_timeout_s": 10.0, "cpu_s": max(config.cpu_s, 2)})
+    try:
+        result = run_script(probe_config, _PROBE % os.getcwd())
+        checks = json.loads(result.stdout)
+    except Exception as exc:  # any failure to start or parse means: not isolated
+        return f"sandbox self-test could not run: {type(exc).__name__}: {exc}"
+    failed = [name for name, ok in checks.items() if not ok]
+    if result.returncode != 0 or failed:
+        err = result.stderr.decode(errors="replace")[-300:]
+        return f"sandbox self-test failed: {failed or 'exit ' + str(result.returncode)} {err}".strip()
+    return None
+
+
+def python_version_inside(config: SandboxConfig) -> str:
+    """Which Python runs the sandboxed code (for logs and the README)."""
+    result = run_script(config, "import sys; print(sys.version.split()[0])")
+    return result.stdout.decode().strip()
+
+
+if __name__ == "__main__":  # python -m domains.sandbox: run the self-test and say what it found
+    cfg = SandboxConfig()
+    try:
+        self_test(cfg)
+        print(f"sandbox ok (python {python_version_inside(cfg)} at {cfg.python})")
+    except SandboxUnavailable as exc:
+        print(f"sandbox unavailable: {exc}", file=sys.stderr)
+        sys.exit(1)
