@@ -1,0 +1,53 @@
+"""A test-only domain whose verifier misbehaves on request, for tests/test_pool.py.
+
+It lives in its own module (not in the test file) because the pool's spawned workers unpickle the
+domain by importing its module; the test adds this folder to ``sys.path`` before starting a pool.
+The completion text picks the behaviour.
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+
+from domains.api import Domain, Status, Task, VerifyResult, user_prompt
+
+
+class UnrulyDomain(Domain):
+    name = "unruly"
+    levels = (1,)
+
+    def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
+        return [Task(self.name, level, user_prompt(f"task {rng.random()}"), {"answer": "ok"}) for _ in range(n)]
+
+    def verify(self, task: Task, completion: str) -> VerifyResult:
+        behaviour, _, argument = completion.partition(":")
+        if behaviour == "ok":
+            return VerifyResult(1.0, True, Status.OK, {"pid": os.getpid()})
+        if behaviour == "wrong":
+            return VerifyResult(0.0, False, Status.WRONG, {})
+        if behaviour == "raise":
+            raise ZeroDivisionError("the verifier divided by zero")
+        if behaviour == "hang":
+            while True:  # a verifier stuck in a loop; only the parent's deadline ends it
+                time.sleep(0.01)
+        if behaviour == "garbage":
+            return {"reward": 1.0}  # type: ignore[return-value]  # not a VerifyResult
+        if behaviour == "unsendable":
+            return VerifyResult(1.0, True, Status.OK, {"callback": lambda: None})  # cannot be pickled
+        if behaviour == "exit":
+            os._exit(3)  # the worker process vanishes without a reply
+        if behaviour == "sysexit":
+            sys.exit(4)  # SystemExit is not an Exception: it escapes verify_guarded
+        if behaviour == "sleep":
+            time.sleep(float(argument))
+            return VerifyResult(1.0, True, Status.OK, {"pid": os.getpid()})
+        raise ValueError(f"unknown behaviour {behaviour!r}")
+
+
+UNRULY = UnrulyDomain(verify_timeout_s=1.5)
+
+
+def task() -> Task:
+    return UNRULY.sample(1, 1, random.Random(0))[0]
