@@ -1,0 +1,171 @@
+"""Typed configuration of the curriculum: mixing policy, difficulty controller, store (DESIGN §7).
+
+Hydra composes ``conf/policy/<type>.yaml``, ``conf/difficulty/<type>.yaml`` and
+``conf/store/*.yaml`` under the keys ``policy``, ``difficulty`` and ``store``; the plain container
+is validated here. Every model forbids unknown keys and the unions are discriminated by ``type``,
+so a typo fails in one line naming the field.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from curriculum.difficulty import CONTROLLERS, DifficultyController, LevelTable
+from curriculum.policies import POLICIES, MixingPolicy, Wrapped
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- mixing policies --------------------------------------------------------------------------------
+class _PolicyBase(_Strict):
+    """Options every policy takes: the signals it reads and the wrapper around its weights."""
+
+    window: int = Field(10, ge=2, description="steps in the signals window (success, |A|, slopes)")
+    ema_alpha: float = Field(0.1, gt=0, le=1, description="rate of the EMA of per-step success")
+    warmup_steps: int = Field(0, ge=0, description="uniform weights for this many first steps")
+    floor: float = Field(0.0, ge=0, le=1, description="minimum share per domain, as a fraction of 1/D")
+    cap: float | None = Field(None, gt=0, le=1, description="maximum share of any one domain")
+    smoothing: float = Field(0.0, ge=0, lt=1, description="share of the previous step's weights kept")
+    pinned: dict[str, float] = Field(default_factory=dict, description="domain -> fixed share")
+
+
+class UniformConfig(_PolicyBase):
+    type: Literal["uniform"] = "uniform"
+
+
+class FixedConfig(_PolicyBase):
+    type: Literal["fixed"] = "fixed"
+    weights: dict[str, float] = Field(default_factory=dict)
+    default: float = Field(1.0, ge=0, description="weight of domains not named in `weights`")
+
+
+class PrioritizedConfig(_PolicyBase):
+    type: Literal["prioritized"] = "prioritized"
+    unseen_success: float = Field(0.0, ge=0, le=1)
+    eps: float = Field(1e-3, ge=0)
+
+
+class LearnabilityConfig(_PolicyBase):
+    type: Literal["learnability"] = "learnability"
+    unseen_success: float = Field(0.5, ge=0, le=1)
+    eps: float = Field(1e-6, ge=0)
+    # p(1-p) gives mastered domains nothing, so forgetting would go unseen: keep 10% of the batch
+    # as floors (each domain >= 0.1/D; at 3 domains and 64 prompts, ~2 prompts a step each).
+    floor: float = Field(0.1, ge=0, le=1)
+
+
+class DumpConfig(_PolicyBase):
+    type: Literal["dump"] = "dump"
+    c: float = Field(1.0, ge=0, description="weight of the UCB exploration bonus")
+    temperature: float = Field(0.1, gt=0)
+
+
+class SecConfig(_PolicyBase):
+    type: Literal["sec"] = "sec"
+    alpha: float = Field(0.5, gt=0, le=1)
+    temperature: float = Field(0.5, gt=0)
+    initial_q: float = 0.0
+
+
+class ThompsonConfig(_PolicyBase):
+    type: Literal["thompson"] = "thompson"
+    prior_mean: float = 0.5
+    prior_var: float = Field(0.25, gt=0)
+    obs_var: float = Field(0.05, gt=0)
+    inflation: float = Field(0.01, ge=0, description="variance added per step an arm is not observed")
+    draws: int = Field(32, ge=1, description="posterior samples per step to estimate P(best)")
+    # Weights are argmax frequencies over a few draws, so most domains get exactly 0 without one.
+    floor: float = Field(0.1, ge=0, le=1)
+
+
+class TsclConfig(_PolicyBase):
+    type: Literal["tscl"] = "tscl"
+    mode: Literal["boltzmann", "egreedy"] = "boltzmann"
+    temperature: float = Field(0.2, gt=0)
+    epsilon: float = Field(0.1, ge=0, le=1)
+
+
+class Exp3Config(_PolicyBase):
+    type: Literal["exp3"] = "exp3"
+
+
+PolicyConfig = Annotated[
+    Union[UniformConfig, FixedConfig, PrioritizedConfig, LearnabilityConfig, DumpConfig, SecConfig,
+          ThompsonConfig, TsclConfig, Exp3Config],
+    Field(discriminator="type"),
+]
+
+_WRAPPER_KEYS = {"warmup_steps", "floor", "cap", "smoothing", "pinned"}
+_SIGNAL_KEYS = {"window", "ema_alpha"}
+
+
+def build_policy(cfg: PolicyConfig, domain_names: list[str], seed: int = 0) -> MixingPolicy:
+    """The policy of ``cfg`` over ``domain_names``, inside its wrapper (warm-up, pins, floor, cap, smoothing)."""
+    params = cfg.model_dump(exclude=_WRAPPER_KEYS | _SIGNAL_KEYS | {"type"})
+    inner = POLICIES[cfg.type](list(domain_names), seed, **params)
+    return Wrapped(inner, warmup_steps=cfg.warmup_steps, floor=cfg.floor, cap=cfg.cap,
+                   smoothing=cfg.smoothing, pinned=cfg.pinned)
+
+
+# -- difficulty -------------------------------------------------------------------------------------
+class _DifficultyBase(_Strict):
+    replay_share: float = Field(0.0, ge=0, lt=1, description="share of prompts from the level below")
+    start_levels: dict[str, int] = Field(default_factory=dict, description="domain -> starting level")
+
+
+class FixedDifficultyConfig(_DifficultyBase):
+    type: Literal["fixed"] = "fixed"
+    level: int | None = Field(None, description="level for every domain; None: each domain's easiest")
+
+
+class ThresholdDifficultyConfig(_DifficultyBase):
+    type: Literal["threshold"] = "threshold"
+    raise_above: float = Field(0.7, ge=0, le=1)
+    lower_below: float = Field(0.2, ge=0, le=1)
+    window: int = Field(32, ge=1, description="attempts at the current level before deciding")
+
+
+class TargetDifficultyConfig(_DifficultyBase):
+    type: Literal["target"] = "target"
+    target: float = Field(0.5, ge=0, le=1)
+    eta: float = Field(0.5, gt=0, description="largest move per step, in levels")
+    alpha: float = Field(2.0, gt=0)
+
+
+DifficultyConfig = Annotated[
+    Union[FixedDifficultyConfig, ThresholdDifficultyConfig, TargetDifficultyConfig],
+    Field(discriminator="type"),
+]
+
+
+def build_difficulty(cfg: DifficultyConfig, domain_levels: dict[str, tuple[int, ...]]) -> DifficultyController:
+    params = cfg.model_dump(exclude={"type"})
+    return CONTROLLERS[cfg.type](LevelTable(domain_levels), **params)
+
+
+# -- store -----------------------------------------------------------------------------------------
+class StoreConfig(_Strict):
+    url: str | None = Field(None, description="SQLAlchemy URL; None: SQLite at <run dir>/palestra.db")
+
+
+class CurriculumConfig(_Strict):
+    """The three curriculum groups together, as they sit in the composed config."""
+
+    policy: PolicyConfig = Field(default_factory=LearnabilityConfig)
+    difficulty: DifficultyConfig = Field(default_factory=ThresholdDifficultyConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+
+
+_POLICY_ADAPTER: TypeAdapter = TypeAdapter(PolicyConfig)
+_DIFFICULTY_ADAPTER: TypeAdapter = TypeAdapter(DifficultyConfig)
+
+
+def parse_policy(data: dict) -> PolicyConfig:
+    return _POLICY_ADAPTER.validate_python(data)
+
+
+def parse_difficulty(data: dict) -> DifficultyConfig:
+    return _DIFFICULTY_ADAPTER.validate_python(data)

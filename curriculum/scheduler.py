@@ -1,0 +1,251 @@
+"""The Scheduler: owns the signals, the mixing policy, the difficulty controller and the store.
+
+    plan(step)            -> Plan: prompts per (domain, level), summing exactly to prompts_per_step
+    record(step, outcomes) : one transaction to the store, then signals, controller and policy learn
+
+Determinism: ``plan`` is a pure function of the scheduler's state and (seed, step) — every random
+draw comes from a generator seeded by (seed, step) — and all learning happens in ``record``. So
+the state after a run depends only on the recorded history, which the store holds: the state can
+be rebuilt from the store exactly (``rebuild_from_store``), and asking for a plan twice (or before
+the previous step was recorded, when verification overlaps generation) is harmless.
+
+Allocation: each domain has a running credit (ideal minus given prompts, summed over steps);
+prompts go to domains by largest remainder of ``P·w + credit``, so a domain whose weight is worth
+0.1 prompt a step still gets one prompt every ten steps, and no seeded noise is needed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from curriculum.config import DifficultyConfig, PolicyConfig, build_difficulty, build_policy
+from curriculum.difficulty import LevelTable
+from curriculum.signals import Signals, StepCounts
+from curriculum.store import StatsStore
+from curriculum.types import Outcome, Plan
+
+STATE_VERSION = 1
+
+
+@dataclass
+class CellCounts:
+    """One step's sums per (domain, level) cell: flat arrays [n_cells] in ``LevelTable`` order."""
+
+    attempts: np.ndarray
+    successes: np.ndarray
+    reward_sum: np.ndarray
+    abs_adv_sum: np.ndarray
+    zero_var_groups: np.ndarray
+    groups: np.ndarray
+
+
+class Scheduler:
+    def __init__(self, domain_levels: dict[str, tuple[int, ...]], policy: PolicyConfig,
+                 difficulty: DifficultyConfig, prompts_per_step: int, seed: int = 0,
+                 store: StatsStore | None = None, run_id: str | None = None) -> None:
+        if prompts_per_step < 1:
+            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
+        self.table = LevelTable({d: tuple(lv) for d, lv in domain_levels.items()})
+        self.domains = self.table.domains
+        self.policy_cfg, self.difficulty_cfg = policy, difficulty
+        self.prompts_per_step, self.seed = int(prompts_per_step), int(seed)
+        self.store, self.run_id = store, run_id
+        if store is not None and run_id is None:
+            self.run_id = store.start_run("scheduler", self.describe(), self.seed)
+        self._reset()
+
+    def describe(self) -> dict:
+        """Plain-JSON description of this scheduler (stored with a run it starts itself)."""
+        return {"domains": {d: self.table.values[o:o + n].tolist() for d, o, n in
+                            zip(self.domains, self.table.offset, self.table.n_levels)},
+                "policy": self.policy_cfg.model_dump(), "difficulty": self.difficulty_cfg.model_dump(),
+                "prompts_per_step": self.prompts_per_step}
+
+    def _reset(self) -> None:
+        self.signals = Signals(self.domains, self.policy_cfg.window, self.policy_cfg.ema_alpha)
+        self.policy = build_policy(self.policy_cfg, self.domains, self.seed)
+        self.controller = build_difficulty(self.difficulty_cfg, self._domain_levels())
+        self.credit = np.zeros(len(self.domains))
+        self.last_step: int | None = None
+        self._pending: dict[int, tuple[Plan, np.ndarray]] = {}  # step -> (plan, credit after it)
+
+    def _domain_levels(self) -> dict[str, tuple[int, ...]]:
+        t = self.table
+        return {d: tuple(t.values[o:o + n].tolist()) for d, o, n in zip(self.domains, t.offset, t.n_levels)}
+
+    # -- plan ---------------------------------------------------------------------------------
+    def plan(self, step: int) -> Plan:
+        if step in self._pending:
+            return self._pending[step][0]
+        weights = self.policy.weights(self.signals, step)
+        per_domain, credit = allocate(weights, self.credit, self.prompts_per_step)
+        plan = Plan(step=step, domains=list(self.domains), weights=weights,
+                    levels=self.controller.levels(), counts=self._split_levels(step, per_domain))
+        self._pending[step] = (plan, credit)
+        return plan
+
+    def _split_levels(self, step: int, per_domain: np.ndarray) -> dict[tuple[str, int], int]:
+        """Prompts of each domain between its current level and (replay share) the level below.
+
+        The replay count is rounded up or down at random (seeded by step), so a share worth half a
+        prompt gives one prompt every other step on average.
+        """
+        idx = self.controller.idx
+        jitter = np.random.default_rng([self.seed, int(step), 1]).random(len(idx))
+        replay = np.minimum(np.floor(self.controller.replay() * per_domain + jitter), per_domain)
+        replay = replay.astype(np.int64) * (per_domain > 0)
+        main = per_domain - replay
+        counts: dict[tuple[str, int], int] = {}
+        values = self.table.values
+        for d in np.nonzero(per_domain)[0]:  # only domains that got prompts (<= prompts_per_step)
+            cell = self.table.offset[d] + idx[d]
+            if main[d]:
+                counts[(self.domains[d], int(values[cell]))] = int(main[d])
+            if replay[d]:
+                counts[(self.domains[d], int(values[cell - 1]))] = int(replay[d])
+        return counts
+
+    # -- record -------------------------------------------------------------------------------
+    def record(self, step: int, outcomes: list[Outcome], metrics: dict | None = None) -> None:
+        """Write the step to the store (one transaction), then let signals, controller and policy learn."""
+        if self.last_step is not None and step <= self.last_step:
+            raise ValueError(f"step {step} is not after the last recorded step {self.last_step}; "
+                             "to redo steps, rebuild_from_store() or load_state_dict() first")
+        if step not in self._pending:  # recorded without asking for a plan: plan it now
+            self.plan(step)
+        plan, credit = self._pending[step]
+        cells = self.aggregate(outcomes)
+        if self.store is not None:
+            self.store.write_step(self.run_id, step, plan, outcomes, metrics,
+                                  step_stats=self._stat_rows(cells))
+        self._apply(step, cells, plan.weights, credit)
+        self._pending = {s: v for s, v in self._pending.items() if s > step}
+
+    def aggregate(self, outcomes: list[Outcome]) -> CellCounts:
+        """Per-cell sums of one step's outcomes; a group is the outcomes sharing ``group``."""
+        n_cells, n = self.table.n_cells, len(outcomes)
+        if n == 0:
+            return CellCounts(*(np.zeros(n_cells) for _ in fields(CellCounts)))
+        cell = np.fromiter((self._cell_of(o) for o in outcomes), np.int64, n)
+        reward = np.fromiter((o.reward for o in outcomes), float, n)
+        correct = np.fromiter((o.correct for o in outcomes), float, n)
+        abs_adv = np.abs(np.fromiter((o.advantage for o in outcomes), float, n))
+        group = np.fromiter((o.group for o in outcomes), np.int64, n)
+        _, first, member = np.unique(group, return_index=True, return_inverse=True)
+        lo = np.full(len(first), np.inf)
+        hi = np.full(len(first), -np.inf)
+        np.minimum.at(lo, member, reward)
+        np.maximum.at(hi, member, reward)
+        group_cell = cell[first]  # a group belongs to the cell of its first completion
+        count = lambda idx, w=None: np.bincount(idx, weights=w, minlength=n_cells).astype(float)  # noqa: E731
+        return CellCounts(count(cell), count(cell, correct), count(cell, reward), count(cell, abs_adv),
+                          count(group_cell, (lo == hi).astype(float)), count(group_cell))
+
+    def _cell_of(self, o: Outcome) -> int:
+        try:
+            return self.table.cell[(o.domain, int(o.level))]
+        except KeyError:
+            raise ValueError(f"outcome for unknown domain/level ({o.domain!r}, {o.level}); "
+                             f"the scheduler knows {self.domains[:5]}{'...' if len(self.domains) > 5 else ''}") from None
+
+    def _stat_rows(self, cells: CellCounts) -> list[dict]:
+        rows = []
+        for c in np.nonzero(cells.attempts)[0]:
+            d = self.table.domain_of[c]
+            attempts = int(cells.attempts[c])
+            rows.append(dict(domain=self.domains[d], level=int(self.table.values[c]), attempts=attempts,
+                             successes=int(cells.successes[c]), reward_sum=float(cells.reward_sum[c]),
+                             abs_adv_sum=float(cells.abs_adv_sum[c]),
+                             mean_abs_adv=float(cells.abs_adv_sum[c]) / attempts,
+                             zero_var_groups=int(cells.zero_var_groups[c]), groups=int(cells.groups[c])))
+        return rows
+
+    def _apply(self, step: int, cells: CellCounts, weights: np.ndarray, credit: np.ndarray) -> None:
+        """Everything ``record`` learns from a step; ``rebuild_from_store`` replays exactly this."""
+        per_domain = lambda x: np.bincount(self.table.domain_of, weights=x, minlength=len(self.domains))  # noqa: E731
+        counts = StepCounts(*(per_domain(getattr(cells, f.name)) for f in fields(CellCounts)))
+        self.signals.update(step, counts)
+        self.controller.update(step, cells.attempts, cells.successes, cells.reward_sum)
+        self.policy.update(self.signals, step, np.asarray(weights, dtype=float))
+        self.credit = credit
+        self.last_step = step
+
+    # -- persistence --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "domains": list(self.domains), "seed": self.seed,
+                "last_step": self.last_step, "credit": self.credit.tolist(),
+                "signals": self.signals.state_dict(), "policy": self.policy.state_dict(),
+                "difficulty": self.controller.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"scheduler state version {state.get('version')} is not {STATE_VERSION}")
+        if list(state["domains"]) != self.domains:
+            raise ValueError("scheduler state was saved for a different list of domains")
+        self._reset()
+        self.last_step = state["last_step"]
+        self.credit = np.asarray(state["credit"], dtype=float)
+        self.signals.load_state_dict(state["signals"])
+        self.policy.load_state_dict(state["policy"])
+        self.controller.load_state_dict(state["difficulty"])
+
+    def rebuild_from_store(self, until_step: int | None = None) -> None:
+        """Reset, then replay every stored step of this run (up to ``until_step``) in order."""
+        if self.store is None or self.run_id is None:
+            raise ValueError("rebuild_from_store needs a store and a run id")
+        self._reset()
+        cells_by_step = self._stored_cells()
+        prompts_by_step: dict[int, dict[str, int]] = {}
+        for row in self.store.plans(self.run_id):
+            prompts_by_step.setdefault(row["step"], {})[row["domain"]] = row["n_prompts"]
+        index = {d: i for i, d in enumerate(self.domains)}
+        for vec in self.store.plan_vectors(self.run_id):
+            step = vec["step"]
+            if until_step is not None and step > until_step:
+                break
+            if list(vec["domains"]) != self.domains:
+                raise ValueError(f"stored plan of step {step} has other domains than this scheduler")
+            given = np.zeros(len(self.domains), dtype=np.int64)
+            for name, n in prompts_by_step.get(step, {}).items():
+                given[index[name]] = n
+            weights = np.asarray(vec["weights"], dtype=float)
+            credit = next_credit(weights, self.credit, given, self.prompts_per_step)
+            empty = CellCounts(*(np.zeros(self.table.n_cells) for _ in fields(CellCounts)))
+            self._apply(step, cells_by_step.get(step, empty), weights, credit)
+
+    def _stored_cells(self) -> dict[int, CellCounts]:
+        by_step: dict[int, CellCounts] = {}
+        for row in self.store.step_stats(self.run_id):
+            cells = by_step.get(row["step"])
+            if cells is None:
+                cells = by_step[row["step"]] = CellCounts(*(np.zeros(self.table.n_cells) for _ in fields(CellCounts)))
+            c = self.table.cell[(row["domain"], row["level"])]
+            for f in fields(CellCounts):
+                getattr(cells, f.name)[c] = row[f.name]
+        return by_step
+
+
+def allocate(weights: np.ndarray, credit: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Integer prompts per domain summing to ``total``, by largest remainder of total·w + credit.
+
+    Returns (counts, credit after this step). Ties go to the lower index (deterministic); the
+    credit then carries the difference to the next step.
+    """
+    target = np.maximum(total * weights + credit, 0.0)
+    counts = np.floor(target).astype(np.int64)
+    short = total - int(counts.sum())
+    frac = target - counts
+    if short > 0:
+        top = np.argsort(-frac, kind="stable")[:short]
+        counts[top] += 1
+    elif short < 0:  # only after clipping negative targets: take back from the smallest remainders
+        order = np.argsort(frac, kind="stable")
+        order = order[counts[order] > 0][:-short]
+        counts[order] -= 1
+    return counts, next_credit(weights, credit, counts, total)
+
+
+def next_credit(weights: np.ndarray, credit: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
+    # Bounded so a domain that was starved (or flooded) for a while cannot swing the next plans.
+    return np.clip(total * weights + credit - counts, -1.0, 1.0)

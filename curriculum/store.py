@@ -1,0 +1,433 @@
+"""StatsStore: the run database (SQLAlchemy 2; SQLite by default, any SQLAlchemy URL otherwise).
+
+Everything the scheduler learns from lives here: one row per verified completion, per-step
+aggregates per (domain, level), the plan of every step, the trainer's scalar metrics, and the runs
+themselves. The SQL is portable (no SQLite-only features) so the same code runs on PostgreSQL
+(``postgresql+psycopg://...``) for sweeps that write from many machines.
+
+Writes are batched: ``write_step`` is one transaction per step, and it replaces whatever that
+(run, step) held before (delete, then insert), so a resumed run that replays a step never counts
+it twice.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+import zlib
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+if TYPE_CHECKING:
+    from curriculum.types import Outcome, Plan
+
+SCHEMA_VERSION = 1
+SQLITE_BUSY_TIMEOUT_MS = 30_000  # parallel sweep runs may share one SQLite file
+
+# BIGINT autoincrement is spelled differently per backend; SQLite only autoincrements INTEGER.
+_RowId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class SchemaVersionError(RuntimeError):
+    """The database was written by a newer Palestra than this one."""
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    sweep_id: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
+    config: Mapped[dict] = mapped_column(JSON)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(32))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    last_step: Mapped[int] = mapped_column(Integer, default=-1)
+
+
+class ResultRow(Base):
+    __tablename__ = "results"
+    id: Mapped[int] = mapped_column(_RowId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    domain: Mapped[str] = mapped_column(String(200))
+    level: Mapped[int] = mapped_column(Integer)
+    task_id: Mapped[str] = mapped_column(String(200))
+    group_index: Mapped[int] = mapped_column(Integer)
+    reward: Mapped[float] = mapped_column(Float)
+    correct: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[str] = mapped_column(String(32))
+    advantage: Mapped[float] = mapped_column(Float)
+    prompt_hash: Mapped[str] = mapped_column(String(128))
+    completion_hash: Mapped[str] = mapped_column(String(128))
+    latency_s: Mapped[float] = mapped_column(Float)
+    completion: Mapped[bytes] = mapped_column(LargeBinary)  # zlib-compressed UTF-8
+    verifier_version: Mapped[str] = mapped_column(String(64))
+    __table_args__ = (Index("ix_results_run_step", "run_id", "step"),)
+
+
+class StepStatRow(Base):
+    __tablename__ = "step_stats"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    domain: Mapped[str] = mapped_column(String(200), primary_key=True)
+    level: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempts: Mapped[int] = mapped_column(Integer)
+    successes: Mapped[int] = mapped_column(Integer)
+    reward_sum: Mapped[float] = mapped_column(Float)
+    abs_adv_sum: Mapped[float] = mapped_column(Float)  # kept so signals rebuild bit-exactly
+    mean_abs_adv: Mapped[float] = mapped_column(Float)
+    zero_var_groups: Mapped[int] = mapped_column(Integer)
+    groups: Mapped[int] = mapped_column(Integer)
+
+
+class PlanRow(Base):
+    __tablename__ = "plans"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    domain: Mapped[str] = mapped_column(String(200), primary_key=True)
+    weight: Mapped[float] = mapped_column(Float)
+    level: Mapped[int] = mapped_column(Integer)
+    n_prompts: Mapped[int] = mapped_column(Integer)
+
+
+class PlanVectorRow(Base):
+    """The whole plan of a step as three JSON lists (domain order, weights, levels).
+
+    ``plans`` keeps one row per domain that got prompts; with a thousand domains a row per domain
+    per step would be most of the step's write, so the full vectors live here as one row.
+    """
+
+    __tablename__ = "plan_vectors"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    domains: Mapped[list] = mapped_column(JSON)
+    weights: Mapped[list] = mapped_column(JSON)
+    levels: Mapped[list] = mapped_column(JSON)
+
+
+class MetricRow(Base):
+    __tablename__ = "metrics"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    values: Mapped[dict] = mapped_column(JSON)
+
+
+class MetaRow(Base):
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200))
+
+
+_STEP_TABLES = (ResultRow, StepStatRow, PlanRow, PlanVectorRow, MetricRow)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event open transactions itself (pysqlite's implicit BEGIN would
+    # otherwise start them late and split reads from writes).
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")  # readers (dashboards) never block the writer
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _sqlite_begin(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN")
+
+
+def make_engine(url: str) -> Engine:
+    engine = create_engine(url, future=True)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
+def _compress(text: str) -> bytes:
+    # Level 1 and a 4 KiB window: the write sits on the step's hot path, and zlib's default 256 KiB
+    # state costs more to allocate than compressing a completion does. zlib.decompress reads the
+    # window size from the header, so readers need no options.
+    packer = zlib.compressobj(1, zlib.DEFLATED, 12, 1)
+    return packer.compress(text.encode("utf-8")) + packer.flush()
+
+
+def _decompress(blob: bytes | None) -> str:
+    return zlib.decompress(blob).decode("utf-8") if blob else ""
+
+
+class StatsStore:
+    """The run database. ``url`` is any SQLAlchemy URL (``sqlite:///path.db`` by default use)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self._insert_cache: dict[tuple, tuple[str, tuple, bool]] = {}
+        Base.metadata.create_all(self.engine)
+        self._check_schema_version()
+
+    # -- schema -------------------------------------------------------------------------------
+    def _check_schema_version(self) -> None:
+        with self.engine.begin() as conn:
+            found = conn.execute(select(MetaRow.value).where(MetaRow.key == "schema_version")).scalar()
+            if found is None:
+                conn.execute(insert(MetaRow).values(key="schema_version", value=str(SCHEMA_VERSION)))
+                return
+        if int(found) > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"database {self.url!r} has schema version {found}, newer than this Palestra "
+                f"understands ({SCHEMA_VERSION}); upgrade Palestra or use another database"
+            )
+
+    @property
+    def schema_version(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(MetaRow.value).where(MetaRow.key == "schema_version")).scalar())
+
+    # -- runs ---------------------------------------------------------------------------------
+    def start_run(self, name: str, config: dict, seed: int, sweep_id: str | None = None) -> str:
+        run_id = str(uuid.uuid4())
+        row = dict(id=run_id, name=name, sweep_id=sweep_id, config=config, seed=int(seed),
+                   status="running", started_at=_now(), finished_at=None, last_step=-1)
+        with self.engine.begin() as conn:
+            conn.execute(insert(RunRow), [row])
+        return run_id
+
+    def finish_run(self, run_id: str, status: str = "finished") -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(RunRow).where(RunRow.id == run_id).values(status=status, finished_at=_now()))
+
+    def runs(self) -> list[dict]:
+        cols = (RunRow.id, RunRow.name, RunRow.sweep_id, RunRow.status, RunRow.seed,
+                RunRow.last_step, RunRow.started_at)
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(*cols).order_by(RunRow.started_at, RunRow.id)).mappings().all()
+        return [dict(r) for r in rows]
+
+    def run(self, run_id: str) -> dict:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(RunRow.__table__).where(RunRow.id == run_id)).mappings().first()
+        if row is None:
+            raise KeyError(f"no run {run_id!r} in {self.url!r}")
+        return dict(row)
+
+    # -- the per-step write -------------------------------------------------------------------
+    def write_step(self, run_id: str, step: int, plan: "Plan", outcomes: "list[Outcome]",
+                   metrics: dict | None = None, step_stats: list[dict] | None = None) -> None:
+        """Replace everything stored for (run_id, step) in ONE transaction.
+
+        ``step_stats`` (per (domain, level) aggregates) is computed from ``outcomes`` when not
+        given; the scheduler passes the ones it already computed so both views agree exactly.
+        """
+        stats = step_stats if step_stats is not None else aggregate_outcomes(outcomes)
+        result_rows = _ResultColumns([_result_row(run_id, step, o) for o in outcomes])
+        stat_rows = [{"run_id": run_id, "step": step, **s} for s in stats]
+        plan_rows = _plan_rows(run_id, step, plan)
+        with self.engine.begin() as conn:
+            for table in _STEP_TABLES:  # delete first: re-writing a step replaces it
+                conn.execute(delete(table).where(table.run_id == run_id, table.step == step))
+            for table, rows in ((ResultRow, result_rows), (StepStatRow, stat_rows), (PlanRow, plan_rows)):
+                self._bulk_insert(conn, table, rows)
+            conn.execute(insert(PlanVectorRow), [_plan_vector_row(run_id, step, plan)])
+            if metrics is not None:
+                conn.execute(insert(MetricRow), [{"run_id": run_id, "step": step, "values": _plain(metrics)}])
+            conn.execute(update(RunRow).where(RunRow.id == run_id, RunRow.last_step < step)
+                         .values(last_step=step))
+
+    def _bulk_insert(self, conn: Any, table: type[Base], rows: list[dict]) -> None:
+        """executemany straight to the driver with a statement compiled once per table.
+
+        SQLAlchemy's own executemany spends ~10 us per row building parameters, which at 1,500 rows
+        a step is most of the write; the values here are already plain Python (str, int, float,
+        bool, bytes) that every driver takes as they are.
+        """
+        if not rows:
+            return
+        if isinstance(rows, _ResultColumns):  # already tuples, in RESULT_COLUMNS order
+            sql, keys, positional = self._insert_sql(table, RESULT_COLUMNS)
+            if positional and keys == RESULT_COLUMNS:
+                conn.exec_driver_sql(sql, list(rows))
+                return
+            rows = [dict(zip(RESULT_COLUMNS, r)) for r in rows]
+        sql, keys, positional = self._insert_sql(table, tuple(rows[0]))
+        params = [tuple(r[k] for k in keys) for r in rows] if positional else rows
+        conn.exec_driver_sql(sql, params)
+
+    def _insert_sql(self, table: type[Base], columns: tuple[str, ...]) -> tuple[str, tuple, bool]:
+        key = (table.__tablename__, columns)
+        if key not in self._insert_cache:
+            compiled = insert(table.__table__).compile(dialect=self.engine.dialect, column_keys=list(columns))
+            keys = tuple(compiled.positiontup) if compiled.positional else columns
+            self._insert_cache[key] = (str(compiled), keys, bool(compiled.positional))
+        return self._insert_cache[key]
+
+    # -- reads --------------------------------------------------------------------------------
+    def results(self, run_id: str, step: int | None = None) -> list[dict]:
+        query = select(ResultRow.__table__).where(ResultRow.run_id == run_id)
+        if step is not None:
+            query = query.where(ResultRow.step == step)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(ResultRow.step, ResultRow.id)).mappings().all()
+        return [{**r, "completion": _decompress(r["completion"])} for r in rows]
+
+    def count_results(self, run_id: str) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(ResultRow)
+                                    .where(ResultRow.run_id == run_id)).scalar())
+
+    def step_stats(self, run_id: str) -> list[dict]:
+        table = StepStatRow.__table__
+        query = select(table).where(table.c.run_id == run_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(table.c.step, table.c.domain, table.c.level)).mappings().all()
+        return [dict(r) for r in rows]
+
+    def plans(self, run_id: str) -> list[dict]:
+        table = PlanRow.__table__
+        query = select(table).where(table.c.run_id == run_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(table.c.step, table.c.domain)).mappings().all()
+        return [dict(r) for r in rows]
+
+    def plan_vectors(self, run_id: str) -> list[dict]:
+        """Every step's full plan: {step, domains, weights, levels} (lists in domain order)."""
+        table = PlanVectorRow.__table__
+        query = select(table).where(table.c.run_id == run_id).order_by(table.c.step)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings().all()]
+
+    def metrics(self, run_id: str) -> list[dict]:
+        query = select(MetricRow.step, MetricRow.values).where(MetricRow.run_id == run_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(MetricRow.step)).all()
+        return [{"step": step, **values} for step, values in rows]
+
+    def domain_summary(self, run_id: str) -> list[dict]:
+        """Per domain: attempts, successes, success_rate, and the latest planned weight and level."""
+        totals = (select(StepStatRow.domain, func.sum(StepStatRow.attempts).label("attempts"),
+                         func.sum(StepStatRow.successes).label("successes"))
+                  .where(StepStatRow.run_id == run_id).group_by(StepStatRow.domain))
+        last_step = select(func.max(PlanVectorRow.step)).where(PlanVectorRow.run_id == run_id).scalar_subquery()
+        latest = select(PlanVectorRow.domains, PlanVectorRow.weights, PlanVectorRow.levels).where(
+            PlanVectorRow.run_id == run_id, PlanVectorRow.step == last_step)
+        with self.engine.connect() as conn:
+            counts = {d: (int(a), int(s)) for d, a, s in conn.execute(totals)}
+            vectors = conn.execute(latest).first()
+        plans = {d: (float(w), int(lv)) for d, w, lv in zip(*vectors)} if vectors else {}
+        summary = []
+        for domain in sorted(set(counts) | set(plans)):
+            attempts, successes = counts.get(domain, (0, 0))
+            weight, level = plans.get(domain, (None, None))
+            summary.append(dict(domain=domain, attempts=attempts, successes=successes,
+                                success_rate=successes / attempts if attempts else None,
+                                weight=weight, level=level))
+        return summary
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "StatsStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# -- row builders ---------------------------------------------------------------------------------
+RESULT_COLUMNS = ("run_id", "step", "domain", "level", "task_id", "group_index", "reward", "correct",
+                  "status", "advantage", "prompt_hash", "completion_hash", "latency_s", "completion",
+                  "verifier_version")
+
+
+class _ResultColumns(list):
+    """Result rows as tuples in RESULT_COLUMNS order (tuples skip a dict per row on the hot path)."""
+
+
+def _result_row(run_id: str, step: int, o: "Outcome") -> tuple:
+    return (run_id, step, o.domain, int(o.level), o.task_id, int(o.group), float(o.reward),
+            bool(o.correct), str(getattr(o.status, "value", o.status)), float(o.advantage),
+            o.prompt_hash, o.completion_hash, float(o.latency_s), _compress(o.completion),
+            o.verifier_version)
+
+
+def _plan_rows(run_id: str, step: int, plan: "Plan") -> list[dict]:
+    """One row per domain that got prompts this step (the full vectors go to plan_vectors)."""
+    per_domain: dict[str, int] = {}
+    for (domain, _level), n in plan.counts.items():
+        per_domain[domain] = per_domain.get(domain, 0) + int(n)
+    index = {d: i for d, i in zip(plan.domains, range(len(plan.domains)))} if per_domain else {}
+    return [{"run_id": run_id, "step": step, "domain": d, "weight": float(plan.weights[index[d]]),
+             "level": int(plan.levels[index[d]]), "n_prompts": n}
+            for d, n in sorted(per_domain.items()) if n > 0]
+
+
+def _plan_vector_row(run_id: str, step: int, plan: "Plan") -> dict:
+    return {"run_id": run_id, "step": step, "domains": list(plan.domains),
+            "weights": np.asarray(plan.weights, dtype=float).tolist(),
+            "levels": [int(v) for v in np.asarray(plan.levels).tolist()]}
+
+
+def aggregate_outcomes(outcomes: "Iterable[Outcome]") -> list[dict]:
+    """Per (domain, level) aggregates of one step's outcomes (the reference, loop-based version)."""
+    cells: dict[tuple[str, int], dict] = {}
+    groups: dict[int, list] = {}
+    for o in outcomes:
+        cell = cells.setdefault((o.domain, int(o.level)), dict(
+            domain=o.domain, level=int(o.level), attempts=0, successes=0, reward_sum=0.0,
+            abs_adv_sum=0.0, zero_var_groups=0, groups=0))
+        cell["attempts"] += 1
+        cell["successes"] += int(bool(o.correct))
+        cell["reward_sum"] += float(o.reward)
+        cell["abs_adv_sum"] += abs(float(o.advantage))
+        groups.setdefault(o.group, []).append(o)
+    for members in groups.values():
+        cell = cells[(members[0].domain, int(members[0].level))]
+        cell["groups"] += 1
+        cell["zero_var_groups"] += int(len({m.reward for m in members}) == 1)
+    for cell in cells.values():
+        cell["mean_abs_adv"] = cell["abs_adv_sum"] / cell["attempts"]
+    return list(cells.values())
+
+
+def _plain(values: dict) -> dict:
+    """JSON-safe copy of a metrics dict (numpy scalars and tensors' .item() become floats)."""
+    out = {}
+    for key, value in values.items():
+        if hasattr(value, "item"):
+            value = value.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None  # PostgreSQL's JSON has no NaN or infinity
+        out[str(key)] = value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+    return out
