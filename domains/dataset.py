@@ -1,7 +1,8 @@
 """A math domain backed by a file of problems (JSONL or Parquet) with gold answers.
 
 Each row has ``prompt`` (text, or a list of chat messages) and ``answer`` (the gold answer, any
-form math-verify can parse), and optionally ``level`` (an integer difficulty) and ``id``. The field
+form math-verify can parse), and optionally ``level`` (an integer difficulty) and ``id``. Files are
+JSONL (one object per line; a ``.json`` file may instead hold one array) or Parquet (pyarrow). The field
 names for prompt and answer can be changed with options, so a GSM8K- or MATH-style file loads
 without rewriting it. Levels are the distinct levels in the file, or ``default_level`` for rows
 without one.
@@ -14,6 +15,7 @@ or on which other rows exist.
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +52,20 @@ class Row:
     line: int  # 1-based line (JSONL) or row number (Parquet), for messages
 
 
+def _read_json_array(path: Path) -> list[tuple[int, Any]]:
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(records, list):
+        raise DatasetError(f"{path}: a .json file must hold one array of rows (or one row per line)")
+    return list(enumerate(records, start=1))  # numbered by position in the array
+
+
 def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        if path.suffix.lower() == ".json" and handle.read(4096).lstrip().startswith("["):
+            return _read_json_array(path)
     records = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -104,8 +119,10 @@ def _as_answer(value: Any, where: str) -> str:
 
 
 def _as_level(value: Any, default: int, where: str) -> int:
-    if value is None:
-        return default
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return default  # pandas writes missing integers as NaN
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().lstrip("-").isdigit():
         raise DatasetError(f"{where}: level must be an integer, got {value!r}")
     return int(value)

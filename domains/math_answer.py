@@ -28,7 +28,7 @@ Where this departs from math-verify's defaults, and why:
   used there (the verifier pool runs verifiers in its workers' main threads) and disabled
   elsewhere; the pool's hard deadline in the parent is the real guard either way. A math-verify
   timeout is reported as ``status=timeout`` instead of the library's silent ``False``.
-- Answers longer than ``max_answer_chars`` are a ``format_error`` before sympy ever sees them.
+- Boxed answers longer than ``max_answer_chars`` are a ``format_error`` before sympy sees them.
 """
 from __future__ import annotations
 
@@ -210,7 +210,10 @@ def _fraction_reduced(answer: str) -> bool:
     match = _FRACTION.match(_canonical(answer))
     if match is None:
         return True  # not a written fraction: nothing to reduce
-    num, den = (int(x) for x in (match.group(1) or match.group(3), match.group(2) or match.group(4)))
+    try:
+        num, den = (int(x) for x in (match.group(1) or match.group(3), match.group(2) or match.group(4)))
+    except ValueError:  # more digits than Python converts (only without max_answer_chars)
+        return True
     return den > 1 and math.gcd(num, den) == 1
 
 
@@ -270,8 +273,7 @@ def grade_answer(completion: str, gold: str, config: MathConfig | None = None) -
     found = extract_final_answer(completion, config.require_boxed)
     if found.error:
         return VerifyResult.failure(Status.FORMAT_ERROR, found.error)
-    graded_text = found.answer if found.answer is not None else found.region
-    if config.max_answer_chars is not None and len(graded_text) > config.max_answer_chars:
+    if found.answer is not None and config.max_answer_chars is not None and len(found.answer) > config.max_answer_chars:
         return VerifyResult.failure(Status.FORMAT_ERROR, f"answer longer than {config.max_answer_chars} characters")
     try:
         return _grade_extracted(found, gold, config, timeout_s)

@@ -209,3 +209,20 @@ def test_level_entirely_held_out(tmp_path: Path) -> None:
 def test_unknown_option_is_rejected(jsonl: Path) -> None:
     with pytest.raises(registry.DomainError, match="heldout_fracton"):
         registry.load("math_dataset", {"path": str(jsonl), "heldout_fracton": 0.2})
+
+
+def test_json_array_file(tmp_path: Path) -> None:
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(_rows(9), indent=2))
+    domain = _load(path, heldout_fraction=0.0)
+    assert domain.levels == (1, 2, 3) and len(domain.sample(1, 3, random.Random(0))) == 3
+
+
+def test_parquet_levels_written_as_floats(tmp_path: Path) -> None:
+    """pandas stores an integer column with gaps as floats, the gaps as NaN."""
+    rows = [{"prompt": "1+1=", "answer": "2", "level": 2.0}, {"prompt": "2+2=", "answer": "4", "level": float("nan")}]
+    domain = _load(_parquet(tmp_path / "floats.parquet", rows), default_level=5, heldout_fraction=0.0)
+    assert domain.levels == (2, 5)
+    bad = _parquet(tmp_path / "half.parquet", [{"prompt": "1+1=", "answer": "2", "level": 1.5}])
+    with pytest.raises(DatasetError, match="half.parquet:1: level must be an integer"):
+        _load(bad)

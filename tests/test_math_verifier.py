@@ -126,6 +126,8 @@ def test_require_boxed_false_falls_back_to_math_verify_extraction() -> None:
     assert grade_answer("The final answer is 8", "7", config).status == WRONG
     assert grade_answer(r"\boxed{7}", "7", config).status == OK  # boxes still win
     assert grade_answer("no digits here", "7", config).status == FORMAT
+    long_reasoning = "Let me think. " * 200 + "The final answer is 7"  # the length cap is for boxes only
+    assert grade_answer(long_reasoning, "7", config).status == OK
 
 
 def test_answer_length_cap_is_a_format_error() -> None:
