@@ -36,7 +36,7 @@ import functools
 import math
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
@@ -67,7 +67,6 @@ class Extraction:
     candidates: tuple[str, ...] = ()  # distinct box contents, in order of appearance
     region: str = ""  # the graded text (after </think>)
     error: str | None = None  # set when the completion is malformed
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 # -- extraction -------------------------------------------------------------------------------------
@@ -117,14 +116,16 @@ def find_boxed(text: str) -> tuple[list[str], bool]:
     """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` in order, and whether one was unclosed."""
     pattern = "|".join(re.escape(macro) for macro in BOX_MACROS)
     contents: list[str] = []
+    resume = 0  # a box nested inside the previous one is part of that answer, not another answer
     for match in re.finditer(rf"(?:{pattern})(?![A-Za-z])\s*", text):
         start = match.end()
-        if start >= len(text) or text[start] != "{":
-            continue  # "\boxed" used as a word, not as a macro with an argument
+        if match.start() < resume or start >= len(text) or text[start] != "{":
+            continue  # nested, or "\boxed" used as a word rather than as a macro with an argument
         end = _match_braces(text, start)
         if end is None:
             return contents, True
         contents.append(text[start + 1:end].strip())
+        resume = end
     return contents, False
 
 

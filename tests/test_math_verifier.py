@@ -42,6 +42,8 @@ CASES = [
     (r"\boxed{\sqrt{8}}", r"2\sqrt{2}", OK),
     (r"\boxed{\text{Monday}}", r"\text{Monday}", OK),
     (r"\fbox{7}", "7", OK),
+    (r"The answer: $\boxed{12}$.", "12", OK),
+    (r"\boxed{\boxed{3}}", "3", OK),  # a nested box is one answer, not a hedge
     (r"\boxed{4} and so again \boxed{4}", "4", OK),  # repeating the same answer is not hedging
     (r"\boxed{1/2}, that is \boxed{0.5}", "1/2", OK),  # equal values in two spellings
     # only the text after </think> is graded
@@ -155,6 +157,7 @@ def test_extraction_rules() -> None:
     assert extract_final_answer(r"<think>\boxed{9}</think>").error == "no \\boxed{} answer"
     assert find_boxed(r"\boxed {3} \boxedx{4} \boxed{5")[1] is True
     assert find_boxed(r"\boxed {3} \boxed 4")[0] == ["3"]
+    assert find_boxed(r"\boxed{\boxed{3}} \fbox{4}")[0] == [r"\boxed{3}", "4"]  # nested is one answer
 
 
 def test_works_outside_the_main_thread() -> None:
