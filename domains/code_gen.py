@@ -69,24 +69,36 @@ class _ProceduralCodeDomain(CodeDomain):
         return [self._task(level, rng) for _ in range(n)]
 
     def _task(self, level: int, rng: random.Random) -> Task:
-        words, expr = rng.choice(self.templates[level])
-        consts = {"k": rng.randint(2, 9), "m": rng.randint(1, 9)}
-        words, expr = words.format(**consts), expr.format(**consts)
-        fn = eval(f"lambda {self.arg}: {expr}")  # our own template text, never model output
-        args = self._distinct_args(rng)
-        cases = [{"args": [a], "expected": fn(a)} for a in args]
+        while True:  # redraw the rare constant for which every test has the same answer
+            words, expr = rng.choice(self.templates[level])
+            consts = {"k": rng.randint(2, 9), "m": rng.randint(1, 9)}
+            words, expr = words.format(**consts), expr.format(**consts)
+            fn = eval(f"lambda {self.arg}: {expr}")  # our own template text, never model output
+            cases = [{"args": [a], "expected": fn(a)} for a in self._telling_args(fn, rng)]
+            if len({repr(c["expected"]) for c in cases}) > 1:
+                break
         reference = f"def f({self.arg}):\n return {expr}"
         payload = {"format": "call", "entry_point": "f", "cases": cases, "reference": reference}
         prompt = user_prompt(f"def f({self.arg}): return {words}")
         return Task(domain=self.name, level=level, prompt=prompt, payload=payload, meta={"spec": words})
 
-    def _distinct_args(self, rng: random.Random) -> list[Any]:
-        seen: list[Any] = []
-        while len(seen) < N_CASES:
+    def _telling_args(self, fn, rng: random.Random) -> list[Any]:
+        """N_CASES distinct arguments, as many distinct answers first as the function gives, so a
+        constant (e.g. 0 for "count of 8 in a") cannot pass by luck."""
+        pool: list[Any] = []
+        for _ in range(60):
             arg = self.random_arg(rng)
-            if arg not in seen:
-                seen.append(arg)
-        return seen
+            if arg not in pool:
+                pool.append(arg)
+        chosen, answers = [], []
+        for arg in pool:  # one argument per new answer
+            answer = repr(fn(arg))  # repr: True and 1 are different answers
+            if answer not in answers:
+                chosen.append(arg)
+                answers.append(answer)
+        chosen = chosen[:N_CASES]
+        rest = [a for a in pool if a not in chosen]
+        return chosen + rest[: N_CASES - len(chosen)]
 
 
 class IntFunctionsDomain(_ProceduralCodeDomain):
@@ -104,7 +116,7 @@ class ListFunctionsDomain(_ProceduralCodeDomain):
     templates = LIST_TEMPLATES
 
     def random_arg(self, rng: random.Random) -> list[int]:
-        return [rng.randint(-9, 9) for _ in range(rng.randint(1, 6))]
+        return [rng.randint(-9, 12) for _ in range(rng.randint(1, 6))]
 
 
 CODE_FUNCTIONS = IntFunctionsDomain()
