@@ -9,12 +9,19 @@ the state after a run depends only on the recorded history, which the store hold
 be rebuilt from the store exactly (``rebuild_from_store``), and asking for a plan twice (or before
 the previous step was recorded, when verification overlaps generation) is harmless.
 
+Store writes: one transaction per step, inside ``record`` by default. With ``write_behind=True`` a
+background thread runs them in order while training continues (the trainer's thread then pays
+only for the in-memory update); ``state_dict``, ``rebuild_from_store``, ``flush`` and ``close``
+wait for pending writes first.
+
 Allocation: each domain has a running credit (ideal minus given prompts, summed over steps);
 prompts go to domains by largest remainder of ``P·w + credit``, so a domain whose weight is worth
 0.1 prompt a step still gets one prompt every ten steps, and no seeded noise is needed.
 """
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -43,7 +50,8 @@ class CellCounts:
 class Scheduler:
     def __init__(self, domain_levels: dict[str, tuple[int, ...]], policy: PolicyConfig,
                  difficulty: DifficultyConfig, prompts_per_step: int, seed: int = 0,
-                 store: StatsStore | None = None, run_id: str | None = None) -> None:
+                 store: StatsStore | None = None, run_id: str | None = None,
+                 write_behind: bool = False) -> None:
         if prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
         self.table = LevelTable({d: tuple(lv) for d, lv in domain_levels.items()})
@@ -53,6 +61,7 @@ class Scheduler:
         self.store, self.run_id = store, run_id
         if store is not None and run_id is None:
             self.run_id = store.start_run("scheduler", self.describe(), self.seed)
+        self._writer = _WriteBehind(store) if (store is not None and write_behind) else None
         self._reset()
 
     def describe(self) -> dict:
@@ -108,7 +117,11 @@ class Scheduler:
 
     # -- record -------------------------------------------------------------------------------
     def record(self, step: int, outcomes: list[Outcome], metrics: dict | None = None) -> None:
-        """Write the step to the store (one transaction), then let signals, controller and policy learn."""
+        """Write the step to the store (one transaction), then let signals, controller and policy learn.
+
+        With ``write_behind`` the transaction runs on a background thread while training goes on;
+        a failed write is raised by the next ``record``, ``flush``, ``state_dict`` or ``close``.
+        """
         if self.last_step is not None and step <= self.last_step:
             raise ValueError(f"step {step} is not after the last recorded step {self.last_step}; "
                              "to redo steps, rebuild_from_store() or load_state_dict() first")
@@ -116,7 +129,9 @@ class Scheduler:
             self.plan(step)
         plan, credit = self._pending[step]
         cells = self.aggregate(outcomes)
-        if self.store is not None:
+        if self._writer is not None:
+            self._writer.submit(self.run_id, step, plan, list(outcomes), metrics, self._stat_rows(cells))
+        elif self.store is not None:
             self.store.write_step(self.run_id, step, plan, outcomes, metrics,
                                   step_stats=self._stat_rows(cells))
         self._apply(step, cells, plan.weights, credit)
@@ -172,7 +187,19 @@ class Scheduler:
         self.last_step = step
 
     # -- persistence --------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Wait until every recorded step is in the store (no-op without write-behind)."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and stop the background writer; the store itself stays open (its owner closes it)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
     def state_dict(self) -> dict:
+        self.flush()  # a checkpoint must never be ahead of the store it will be reconciled with
         return {"version": STATE_VERSION, "domains": list(self.domains), "seed": self.seed,
                 "last_step": self.last_step, "credit": self.credit.tolist(),
                 "signals": self.signals.state_dict(), "policy": self.policy.state_dict(),
@@ -194,6 +221,7 @@ class Scheduler:
         """Reset, then replay every stored step of this run (up to ``until_step``) in order."""
         if self.store is None or self.run_id is None:
             raise ValueError("rebuild_from_store needs a store and a run id")
+        self.flush()
         self._reset()
         cells_by_step = self._stored_cells()
         prompts_by_step: dict[int, dict[str, int]] = {}
@@ -224,6 +252,58 @@ class Scheduler:
             for f in fields(CellCounts):
                 getattr(cells, f.name)[c] = row[f.name]
         return by_step
+
+
+class _WriteBehind:
+    """One background thread that runs the store writes in order, so they overlap training.
+
+    The queue is bounded: if the database falls behind, ``record`` waits instead of piling steps
+    up in memory. After a failed write nothing more is written (the store would get a gap) and
+    the error is raised to the trainer at its next call; resuming from the last checkpoint
+    re-writes the missing steps, since writes are idempotent per (run, step).
+    """
+
+    def __init__(self, store: StatsStore) -> None:
+        if store.engine.dialect.name == "sqlite" and store.engine.url.database in (None, "", ":memory:"):
+            raise ValueError("write_behind needs a file or server database (in-memory SQLite is per thread)")
+        self.store = store
+        self.queue: queue.Queue = queue.Queue(maxsize=4)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name="palestra-store-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, run_id: str, step: int, plan: Plan, outcomes: list[Outcome], metrics: dict | None,
+               stat_rows: list[dict]) -> None:
+        self._raise()
+        self.queue.put((run_id, step, plan, outcomes, metrics, stat_rows))
+
+    def _loop(self) -> None:
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                if self.error is None:
+                    run_id, step, plan, outcomes, metrics, stat_rows = item
+                    self.store.write_step(run_id, step, plan, outcomes, metrics, step_stats=stat_rows)
+            except BaseException as exc:  # handed to the trainer's thread by _raise
+                self.error = exc
+            finally:
+                self.queue.task_done()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"writing a step to {self.store.url!r} failed") from self.error
+
+    def flush(self) -> None:
+        self.queue.join()
+        self._raise()
+
+    def close(self) -> None:
+        self.queue.join()
+        self.queue.put(None)
+        self.thread.join()
+        self._raise()
 
 
 def allocate(weights: np.ndarray, credit: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:

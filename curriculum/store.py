@@ -15,6 +15,7 @@ import math
 import uuid
 import zlib
 from datetime import datetime, timezone
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
@@ -294,7 +295,7 @@ class StatsStore:
         for k in range(0, len(tuples), per):
             chunk = tuples[k:k + per]
             sql = self._values_sql(table, columns, len(chunk), mark)
-            conn.exec_driver_sql(sql, tuple(v for t in chunk for v in t))
+            conn.exec_driver_sql(sql, tuple(chain.from_iterable(chunk)))
 
     def _values_sql(self, table: type[Base], columns: tuple[str, ...], n_rows: int, mark: str) -> str:
         key = (table.__tablename__, columns, n_rows)

@@ -165,3 +165,29 @@ def test_unknown_domain_or_level_is_a_clear_error():
     sched = scheduler()
     with pytest.raises(ValueError, match="unknown domain/level"):
         sched.record(0, [Outcome("tools", 2, "t", 0, 1.0, True, "ok")])
+
+
+def test_write_behind_stores_the_same_rows(tmp_path):
+    store = StatsStore(f"sqlite:///{tmp_path / 'p.db'}")
+    sync = scheduler("sec", store=store, seed=1)
+    behind = Scheduler(DOMAINS, sync.policy_cfg, sync.difficulty_cfg, prompts_per_step=12, seed=1,
+                       store=store, write_behind=True)
+    drive(sync, range(6))
+    drive(behind, range(6))
+    behind.flush()
+    assert store.count_results(behind.run_id) == store.count_results(sync.run_id) > 0
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "run_id"} for r in rows]  # noqa: E731
+    assert strip(store.step_stats(behind.run_id)) == strip(store.step_stats(sync.run_id))
+    assert json.dumps(behind.state_dict()) == json.dumps(sync.state_dict())
+    behind.close()
+    store.close()
+
+
+def test_write_behind_failure_reaches_the_trainer(tmp_path):
+    store = StatsStore(f"sqlite:///{tmp_path / 'p.db'}")
+    sched = Scheduler(DOMAINS, parse_policy({"type": "uniform"}), parse_difficulty({"type": "fixed"}),
+                      prompts_per_step=4, store=store, run_id="no-such-run", write_behind=True)
+    drive(sched, range(1))  # the foreign key on run_id rejects the write on the writer thread
+    with pytest.raises(RuntimeError, match="failed"):
+        sched.flush()
+    store.close()
