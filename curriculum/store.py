@@ -12,6 +12,7 @@ it twice.
 from __future__ import annotations
 
 import math
+import time
 import uuid
 import zlib
 from datetime import datetime, timezone
@@ -39,6 +40,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 if TYPE_CHECKING:
@@ -162,8 +164,8 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     # otherwise start them late and split reads from writes).
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")  # first: switching to WAL may wait
     cur.execute("PRAGMA journal_mode=WAL")  # readers (dashboards) never block the writer
-    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
@@ -200,8 +202,20 @@ class StatsStore:
         self.url = url
         self.engine = make_engine(url)
         self._insert_cache: dict[tuple, str] = {}
-        Base.metadata.create_all(self.engine)
-        self._check_schema_version()
+        self._create_schema()
+
+    def _create_schema(self, attempts: int = 4) -> None:
+        # Runs of a sweep may open a fresh database at the same moment: one of them loses the race
+        # to create a table or the version row, and simply looks again.
+        for attempt in range(attempts):
+            try:
+                Base.metadata.create_all(self.engine)
+                self._check_schema_version()
+                return
+            except (OperationalError, ProgrammingError, IntegrityError):
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
 
     # -- schema -------------------------------------------------------------------------------
     def _check_schema_version(self) -> None:
