@@ -202,6 +202,29 @@ class Signals:
         slope[ok] = (n[ok] * t[sxy_key][ok] - sx[ok] * t[sy_key][ok]) / den[ok]
         return slope
 
+    @classmethod
+    def from_step_stats(cls, domains: list[str], rows: list[dict], window: int = 10,
+                        ema_alpha: float = 0.1, steps: list[int] | None = None) -> "Signals":
+        """Rebuild signals from ``StatsStore.step_stats`` rows (sorted by step, domain, level).
+
+        ``steps`` lists every step to fold in (steps with no rows count as empty steps, as they
+        did live); by default, the steps that have rows. Per-level rows are summed per domain in
+        level order, the same order the scheduler uses, so the result equals the live state.
+        """
+        signals = cls(domains, window, ema_alpha)
+        index = {d: i for i, d in enumerate(signals.domains)}
+        by_step: dict[int, list[dict]] = {}
+        for row in rows:
+            by_step.setdefault(row["step"], []).append(row)
+        for step in sorted(set(by_step) | set(steps or [])):
+            counts = StepCounts.zeros(len(domains))
+            for row in by_step.get(step, []):
+                d = index[row["domain"]]
+                for f in fields(StepCounts):
+                    getattr(counts, f.name)[d] += row[f.name]
+            signals.update(step, counts)
+        return signals
+
     # -- persistence --------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {

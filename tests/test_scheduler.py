@@ -10,6 +10,7 @@ import pytest
 from curriculum.config import parse_difficulty, parse_policy
 from curriculum.policies import POLICIES
 from curriculum.scheduler import Scheduler, allocate
+from curriculum.signals import Signals
 from curriculum.store import StatsStore
 from curriculum.types import Outcome, Plan
 
@@ -118,6 +119,16 @@ def test_rebuild_from_store_equals_live_state(kind, tmp_path):
     rebuilt.rebuild_from_store()
     assert json.dumps(rebuilt.state_dict(), sort_keys=True) == json.dumps(live.state_dict(), sort_keys=True)
     assert same_plan(rebuilt.plan(15), live.plan(15))
+    store.close()
+
+
+def test_signals_alone_rebuild_from_step_stats(tmp_path):
+    store = StatsStore(f"sqlite:///{tmp_path / 'p.db'}")
+    live = scheduler("uniform", store=store)
+    drive(live, range(12))
+    rebuilt = Signals.from_step_stats(live.domains, store.step_stats(live.run_id), window=10, ema_alpha=0.1,
+                                      steps=list(range(12)))
+    assert json.dumps(rebuilt.state_dict()) == json.dumps(live.signals.state_dict())
     store.close()
 
 
