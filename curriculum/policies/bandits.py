@@ -97,8 +97,14 @@ class ThompsonPolicy(MixingPolicy):
         self.var = np.full(self.n, float(prior_var))
 
     def weights(self, signals: Signals, step: int) -> np.ndarray:
-        samples = self.rng(step).normal(self.mean, np.sqrt(self.var), size=(self.draws, self.n))
-        wins = np.bincount(samples.argmax(axis=1), minlength=self.n)
+        # Only arms whose 6-sigma upper bound reaches the best 6-sigma lower bound can win a draw
+        # (any other wins with probability < 1e-9), so with thousands of domains most draws are
+        # skipped. float32 draws: half the cost, and ties are as unlikely as they need to be.
+        sd = np.sqrt(self.var)
+        contenders = np.nonzero(self.mean + 6 * sd >= (self.mean - 6 * sd).max())[0]
+        noise = self.rng(step).standard_normal((self.draws, len(contenders)), dtype=np.float32)
+        samples = self.mean[contenders].astype(np.float32) + sd[contenders].astype(np.float32) * noise
+        wins = np.bincount(contenders[samples.argmax(axis=1)], minlength=self.n)
         return wins / self.draws
 
     def utility(self, signals: Signals) -> tuple[np.ndarray, np.ndarray]:
