@@ -18,6 +18,7 @@ class LevelTable:
 
     def __init__(self, domain_levels: dict[str, tuple[int, ...]]) -> None:
         self.domains = list(domain_levels)
+        self.domains_index = {d: i for i, d in enumerate(self.domains)}
         for name, levels in domain_levels.items():
             if not levels:
                 raise ValueError(f"domain {name!r} has no levels")

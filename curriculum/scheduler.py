@@ -77,7 +77,7 @@ class Scheduler:
         self.controller = build_difficulty(self.difficulty_cfg, self._domain_levels())
         self.credit = np.zeros(len(self.domains))
         self.last_step: int | None = None
-        self._pending: dict[int, tuple[Plan, np.ndarray]] = {}  # step -> (plan, credit after it)
+        self._pending: dict[int, Plan] = {}  # plans handed out and not yet recorded
 
     def _domain_levels(self) -> dict[str, tuple[int, ...]]:
         t = self.table
@@ -86,12 +86,12 @@ class Scheduler:
     # -- plan ---------------------------------------------------------------------------------
     def plan(self, step: int) -> Plan:
         if step in self._pending:
-            return self._pending[step][0]
+            return self._pending[step]
         weights = self.policy.weights(self.signals, step)
-        per_domain, credit = allocate(weights, self.credit, self.prompts_per_step)
+        per_domain = allocate(weights, self.credit, self.prompts_per_step)
         plan = Plan(step=step, domains=list(self.domains), weights=weights,
                     levels=self.controller.levels(), counts=self._split_levels(step, per_domain))
-        self._pending[step] = (plan, credit)
+        self._pending[step] = plan
         return plan
 
     def _split_levels(self, step: int, per_domain: np.ndarray) -> dict[tuple[str, int], int]:
@@ -125,16 +125,17 @@ class Scheduler:
         if self.last_step is not None and step <= self.last_step:
             raise ValueError(f"step {step} is not after the last recorded step {self.last_step}; "
                              "to redo steps, rebuild_from_store() or load_state_dict() first")
-        if step not in self._pending:  # recorded without asking for a plan: plan it now
-            self.plan(step)
-        plan, credit = self._pending[step]
+        plan = self.plan(step)  # the plan handed out (or, if none was asked for, the one it would be)
+        given = np.zeros(len(self.domains), dtype=np.int64)
+        for (domain, _level), n in plan.counts.items():
+            given[self.table.domains_index[domain]] += n
         cells = self.aggregate(outcomes)
         if self._writer is not None:
             self._writer.submit(self.run_id, step, plan, list(outcomes), metrics, self._stat_rows(cells))
         elif self.store is not None:
             self.store.write_step(self.run_id, step, plan, outcomes, metrics,
                                   step_stats=self._stat_rows(cells))
-        self._apply(step, cells, plan.weights, credit)
+        self._apply(step, cells, plan.weights, given)
         self._pending = {s: v for s, v in self._pending.items() if s > step}
 
     def aggregate(self, outcomes: list[Outcome]) -> CellCounts:
@@ -176,14 +177,16 @@ class Scheduler:
                              zero_var_groups=int(cells.zero_var_groups[c]), groups=int(cells.groups[c])))
         return rows
 
-    def _apply(self, step: int, cells: CellCounts, weights: np.ndarray, credit: np.ndarray) -> None:
+    def _apply(self, step: int, cells: CellCounts, weights: np.ndarray, given: np.ndarray) -> None:
         """Everything ``record`` learns from a step; ``rebuild_from_store`` replays exactly this."""
         per_domain = lambda x: np.bincount(self.table.domain_of, weights=x, minlength=len(self.domains))  # noqa: E731
         counts = StepCounts(*(per_domain(getattr(cells, f.name)) for f in fields(CellCounts)))
         self.signals.update(step, counts)
         self.controller.update(step, cells.attempts, cells.successes, cells.reward_sum)
         self.policy.update(self.signals, step, np.asarray(weights, dtype=float))
-        self.credit = credit
+        # Credit is settled here, from the prompts the plan gave, not when planning: a plan asked
+        # for before the previous step was recorded then still leaves the same books.
+        self.credit = next_credit(weights, self.credit, given, self.prompts_per_step)
         self.last_step = step
 
     # -- persistence --------------------------------------------------------------------------
@@ -227,7 +230,7 @@ class Scheduler:
         prompts_by_step: dict[int, dict[str, int]] = {}
         for row in self.store.plans(self.run_id):
             prompts_by_step.setdefault(row["step"], {})[row["domain"]] = row["n_prompts"]
-        index = {d: i for i, d in enumerate(self.domains)}
+        index = self.table.domains_index
         for vec in self.store.plan_vectors(self.run_id):
             step = vec["step"]
             if until_step is not None and step > until_step:
@@ -238,9 +241,8 @@ class Scheduler:
             for name, n in prompts_by_step.get(step, {}).items():
                 given[index[name]] = n
             weights = np.asarray(vec["weights"], dtype=float)
-            credit = next_credit(weights, self.credit, given, self.prompts_per_step)
             empty = CellCounts(*(np.zeros(self.table.n_cells) for _ in fields(CellCounts)))
-            self._apply(step, cells_by_step.get(step, empty), weights, credit)
+            self._apply(step, cells_by_step.get(step, empty), weights, given)
 
     def _stored_cells(self) -> dict[int, CellCounts]:
         by_step: dict[int, CellCounts] = {}
@@ -306,11 +308,10 @@ class _WriteBehind:
         self._raise()
 
 
-def allocate(weights: np.ndarray, credit: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
+def allocate(weights: np.ndarray, credit: np.ndarray, total: int) -> np.ndarray:
     """Integer prompts per domain summing to ``total``, by largest remainder of total·w + credit.
 
-    Returns (counts, credit after this step). Ties go to the lower index (deterministic); the
-    credit then carries the difference to the next step.
+    Ties go to the lower index (deterministic); ``next_credit`` carries the difference over.
     """
     target = np.maximum(total * weights + credit, 0.0)
     counts = np.floor(target).astype(np.int64)
@@ -323,7 +324,7 @@ def allocate(weights: np.ndarray, credit: np.ndarray, total: int) -> tuple[np.nd
         order = np.argsort(frac, kind="stable")
         order = order[counts[order] > 0][:-short]
         counts[order] -= 1
-    return counts, next_credit(weights, credit, counts, total)
+    return counts
 
 
 def next_credit(weights: np.ndarray, credit: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:

@@ -9,7 +9,7 @@ import pytest
 
 from curriculum.config import parse_difficulty, parse_policy
 from curriculum.policies import POLICIES
-from curriculum.scheduler import Scheduler, allocate
+from curriculum.scheduler import Scheduler, allocate, next_credit
 from curriculum.signals import Signals
 from curriculum.store import StatsStore
 from curriculum.types import Outcome, Plan
@@ -74,11 +74,14 @@ def test_small_weights_still_get_visits():
 
 
 def test_allocate_is_largest_remainder_with_carry():
-    counts, credit = allocate(np.array([0.5, 0.3, 0.2]), np.zeros(3), 4)
+    w = np.array([0.5, 0.3, 0.2])
+    counts = allocate(w, np.zeros(3), 4)
     # ideal 2.0, 1.2, 0.8 -> floors 2, 1, 0 and one left for the largest remainder (0.8)
-    assert counts.tolist() == [2, 1, 1] and np.allclose(credit, [0.0, 0.2, -0.2])
-    counts, _ = allocate(np.array([0.5, 0.3, 0.2]), credit, 4)  # 2.0, 1.4, 0.6
     assert counts.tolist() == [2, 1, 1]
+    credit = next_credit(w, np.zeros(3), counts, 4)
+    assert np.allclose(credit, [0.0, 0.2, -0.2])
+    assert allocate(w, credit, 4).tolist() == [2, 1, 1]  # 2.0, 1.4, 0.6
+    assert allocate(w, next_credit(w, credit, counts, 4), 4).tolist() == [2, 2, 0]  # 2.0, 1.6, 0.4
 
 
 @pytest.mark.parametrize("kind", ["learnability", "thompson", "tscl", "exp3"])
@@ -119,6 +122,21 @@ def test_rebuild_from_store_equals_live_state(kind, tmp_path):
     rebuilt.rebuild_from_store()
     assert json.dumps(rebuilt.state_dict(), sort_keys=True) == json.dumps(live.state_dict(), sort_keys=True)
     assert same_plan(rebuilt.plan(15), live.plan(15))
+    store.close()
+
+
+def test_rebuild_matches_a_run_that_planned_ahead(tmp_path):
+    store = StatsStore(f"sqlite:///{tmp_path / 'p.db'}")
+    live = scheduler("exp3", store=store, smoothing=0.2)
+    rng = random.Random(0)
+    ahead = live.plan(0)
+    for step in range(10):  # plan(step + 1) is asked for before step is recorded
+        nxt = live.plan(step + 1)
+        live.record(step, rollouts(ahead, rng))
+        ahead = nxt
+    rebuilt = scheduler("exp3", store=store, run_id=live.run_id, smoothing=0.2)
+    rebuilt.rebuild_from_store()
+    assert json.dumps(rebuilt.state_dict(), sort_keys=True) == json.dumps(live.state_dict(), sort_keys=True)
     store.close()
 
 
