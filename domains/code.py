@@ -37,7 +37,7 @@ from pydantic import Field
 
 from domains.api import Domain, DomainConfig, Status, Task, VerifyResult, user_prompt
 from domains.sandbox import (
-    SandboxConfig, SandboxProcess, SandboxUnavailable, decode_value, encode_value, run_script, self_test,
+    SandboxConfig, SandboxProcess, SandboxUnavailable, decode_value, run_script, self_test,
 )
 
 log = logging.getLogger("palestra.code")
@@ -203,7 +203,7 @@ class _Caller:
     def call(self, args: list[Any]) -> tuple[str, Any]:
         """('value', v) | ('raised', message) | ('dead', None) | ('forged', None)."""
         index, self.count = self.count, self.count + 1
-        if not self.proc.send({"i": index, "a": encode_value(list(args)), "k": {"D": []}}):
+        if not self.proc.send((index, tuple(args), {})):
             return "dead", None
         reply = self.proc.recv()
         if reply is None:
@@ -253,7 +253,7 @@ def run_call_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _O
         outcome.fail(case["args"], f"raised {value}" if kind == "raised" else f"returned {_short(value, 100)}")
         if config.reward == "all_pass":
             break
-    caller.proc.finish()
+    caller.proc.release()
     return outcome
 
 
@@ -337,7 +337,7 @@ def run_humaneval(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Ou
         outcome.fail(last_args[0] if last_args else None, "garbage on the result channel", Status.SANDBOX_VIOLATION)
     except Exception as exc:  # AssertionError, or the candidate's own exception
         outcome.fail(last_args[0] if last_args else None, f"{type(exc).__name__}: {exc}")
-    caller.proc.finish()
+    caller.proc.release()
     return outcome
 
 

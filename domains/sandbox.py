@@ -31,8 +31,10 @@ are usually not delegated to us); ``RLIMIT_AS`` and ``RLIMIT_NPROC`` stand in fo
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import marshal
 import os
 import secrets
 import selectors
@@ -41,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,40 +92,43 @@ class SandboxResult:
         return self.stdout_truncated or self.stderr_truncated
 
 
-# The trusted program that runs first inside the sandbox. argv: request fd, response fd, rlimits as
-# JSON. It lowers its own rlimits, reads one JSON header line ({"mode", "code", "entry", "nonce"})
-# from the request fd and then either
+# The trusted program that runs first inside the sandbox. argv: request fd, response fd, rlimits.
+# It lowers its own rlimits, reads a header frame ({"mode", "code", "entry", "nonce"}) from the
+# request fd, then either
 #   mode "script": closes both channels and runs the code as __main__ on the real stdin/stdout, or
-#   mode "call":   runs the code as a module, then answers one request line {"i", "a", "k"} at a
-#                  time with {"n": nonce, "i", "v": tagged value} or {"n", "i", "e": error}.
-# Values cross in a tagged JSON form (tuple/set/dict/non-finite float keep their type, bool stays
-# distinct from int) and only exact plain types are accepted: a returned object with a custom
-# __eq__ is refused before it can reach the comparison in the parent. Every helper is bound before
-# the untrusted code runs, so monkeypatching builtins afterwards does not change what the harness
-# does; and since the parent compares, a forged answer line is worth no more than returning that
-# value from the function.
+#   mode "call":   runs the code as a module, then answers one request frame (index, args, kwargs)
+#                  at a time with a JSON line {"n": nonce, "i", "v": tagged value} or {"n", "i", "e"}.
+# Requests are length-prefixed ``marshal`` frames: they come only from the parent, marshal keeps
+# tuple/set/bool/int types exactly, and it is built in — importing json (and with it re) would add
+# ~10 ms to every sandbox start. Answers go the other way as JSON, which the parent parses safely.
+# Values are tagged (tuple/set/dict/non-finite float keep their type, bool stays distinct from
+# int) and only exact plain types are accepted: a returned object with a custom __eq__ is refused
+# before it can reach the comparison in the parent. Every helper is bound before the untrusted code
+# runs, so rebinding builtins afterwards does not change what the harness does; and since the
+# parent compares, a forged answer line is worth no more than returning that value from the function.
 HARNESS = r'''
-import sys, os, json, json.decoder, json.encoder, json.scanner, resource
+import sys, os, marshal, resource, _json
 def _harness():
-    req_fd, resp_fd, limits = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
-    for name, value in limits.items():
-        resource.setrlimit(getattr(resource, name), (value, value))
+    req_fd, resp_fd = int(sys.argv[1]), int(sys.argv[2])
+    for name, value in zip(("AS", "CPU", "NPROC", "FSIZE", "NOFILE", "CORE"), sys.argv[3].split(",")):
+        resource.setrlimit(getattr(resource, "RLIMIT_" + name), (int(value), int(value)))
     reader = os.fdopen(req_fd, "rb")
-    header = json.loads(reader.readline())
+    def frame():
+        size = reader.read(4)
+        return marshal.loads(reader.read(int.from_bytes(size, "big"))) if len(size) == 4 else None
+    header = frame()
     nonce, code, mode = header["nonce"], header["code"], header["mode"]
-    # From here on only captured references: the untrusted code may rebind builtins or json.
+    # From here on only captured references: the untrusted code may rebind builtins or modules.
     T, I, F, S, B, N = tuple, int, float, str, bool, type(None)
     L, D, ST, FS, typ = list, dict, set, frozenset, type
-    scan = json.scanner.c_make_scanner(json.decoder.JSONDecoder())
-    esc, irepr, frepr = json.encoder.c_encode_basestring_ascii, I.__repr__, F.__repr__
-    write, isfin, join = os.write, __import__("math").isfinite, ",".join
-    BaseExc = BaseException
+    esc, irepr, frepr, inf = _json.encode_basestring_ascii, I.__repr__, F.__repr__, F("inf")
+    write, join, BaseExc = os.write, ",".join, BaseException
     def enc(x, depth=0):
         t = typ(x)
         if depth > 50: raise ValueError("value nested too deeply")
         if t is B or t is N or t is S: return x
         if t is I: return x if -2**53 < x < 2**53 else {"I": irepr(x)}
-        if t is F: return x if isfin(x) else {"F": frepr(x)}
+        if t is F: return x if x == x and x != inf and x != -inf else {"F": frepr(x)}
         if t is L: return [enc(v, depth + 1) for v in x]
         if t is T: return {"T": [enc(v, depth + 1) for v in x]}
         if t is ST or t is FS: return {"S": [enc(v, depth + 1) for v in x]}
@@ -137,17 +143,6 @@ def _harness():
         if t is F: return frepr(x)
         if t is L: return "[" + join([js(v) for v in x]) + "]"
         return "{" + join([esc(k) + ":" + js(v) for k, v in x.items()]) + "}"
-    def dec(x):
-        t = typ(x)
-        if t is L: return [dec(v) for v in x]
-        if t is D:
-            (tag, v), = x.items()
-            if tag == "I": return I(v)
-            if tag == "F": return F(v)
-            if tag == "T": return T([dec(e) for e in v])
-            if tag == "S": return ST([dec(e) for e in v])
-            return {dec(k): dec(w) for k, w in v}
-        return x
     def describe(e):
         try:
             msg = S(e)[:300]
@@ -171,35 +166,49 @@ def _harness():
     except BaseExc as e:
         send({"n": nonce, "load": describe(e)}); return
     send({"n": nonce, "load": None})
-    for line in reader:
-        req = scan(line.decode(), 0)[0]
+    while True:
+        request = frame()
+        if request is None:
+            return
+        index, args, kwargs = request
         try:
-            out = {"n": nonce, "i": req["i"], "v": enc(fn(*dec(req["a"]), **dec(req["k"])))}
+            out = {"n": nonce, "i": index, "v": enc(fn(*args, **kwargs))}
         except BaseExc as e:
-            out = {"n": nonce, "i": req["i"], "e": describe(e)}
+            out = {"n": nonce, "i": index, "e": describe(e)}
         try: send(out)
-        except BaseExc as e: send({"n": nonce, "i": req["i"], "e": describe(e)})
+        except BaseExc as e: send({"n": nonce, "i": index, "e": describe(e)})
 _harness()
 '''
 
 
-def encode_value(x: Any) -> Any:
-    """The harness's tagged JSON form, for arguments sent into the sandbox."""
-    if x is None or isinstance(x, (bool, str)):
-        return x
-    if isinstance(x, int):
-        return x if -(2**53) < x < 2**53 else {"I": str(x)}
-    if isinstance(x, float):
-        return x if x == x and abs(x) != float("inf") else {"F": repr(x)}
-    if isinstance(x, list):
-        return [encode_value(v) for v in x]
-    if isinstance(x, tuple):
-        return {"T": [encode_value(v) for v in x]}
-    if isinstance(x, (set, frozenset)):
-        return {"S": [encode_value(v) for v in x]}
-    if isinstance(x, dict):
-        return {"D": [[encode_value(k), encode_value(v)] for k, v in x.items()]}
-    raise TypeError(f"cannot send a {type(x).__name__} into the sandbox")
+# What ``python -c`` runs: read the harness's code object, compiled once per process by the very
+# interpreter of the sandbox (``compiled_harness``), as the first frame of the request pipe. This
+# saves compiling the harness source on every start (~2 ms of CPU each).
+BOOTSTRAP = """
+import sys, os, marshal
+def _read(n, fd=int(sys.argv[1])):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise SystemExit(3)
+        data += chunk
+    return data
+exec(marshal.loads(_read(int.from_bytes(_read(4), "big"))))
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_harness(python: str) -> bytes:
+    """HARNESS compiled and marshalled by ``python`` itself (code objects differ between versions)."""
+    compile_it = "import sys, marshal; sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), '<harness>', 'exec')))"
+    done = subprocess.run([python, "-S", "-I", "-B", "-c", compile_it], input=HARNESS.encode(),
+                          capture_output=True, timeout=30, check=True)
+    return done.stdout
+
+
+def _frame(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
 
 
 def decode_value(x: Any) -> Any:
@@ -229,7 +238,8 @@ def _hashable(key: Any) -> Any:
 
 
 # -- the sandbox command line ---------------------------------------------------------------------
-def _system_binds() -> list[str]:
+@functools.lru_cache(maxsize=None)
+def _system_binds() -> tuple[str, ...]:
     """/usr read-only, and /bin, /lib* the same way the host has them (symlinks on merged-/usr)."""
     args = ["--ro-bind", "/usr", "/usr"]
     for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -238,27 +248,29 @@ def _system_binds() -> list[str]:
             args += ["--symlink", os.readlink(path), name]
         elif path.is_dir():
             args += ["--ro-bind", name, name]
-    return args
+    return tuple(args)
 
 
-def _python_binds(python: str) -> list[str]:
+@functools.lru_cache(maxsize=None)
+def _python_binds(python: str) -> tuple[str, ...]:
     """Bind the interpreter's installation prefix when it lives outside /usr."""
     real = os.path.realpath(python)
     if real.startswith("/usr/"):
-        return []
+        return ()
     prefix = str(Path(real).parent.parent)
-    return ["--ro-bind", prefix, prefix]
+    return ("--ro-bind", prefix, prefix)
 
 
-def rlimits(config: SandboxConfig, nproc_base: int = 0) -> dict[str, int]:
-    return {
-        "RLIMIT_AS": config.memory_mb * MiB,
-        "RLIMIT_CPU": config.cpu_s,  # soft == hard: the kernel sends SIGKILL, which pid 1 cannot ignore
-        "RLIMIT_NPROC": nproc_base + config.nproc,
-        "RLIMIT_FSIZE": config.file_size_mb * MiB,
-        "RLIMIT_NOFILE": config.open_files,
-        "RLIMIT_CORE": 0,
-    }
+def rlimits(config: SandboxConfig, nproc_base: int = 0) -> list[int]:
+    """AS, CPU, NPROC, FSIZE, NOFILE, CORE — the order the harness reads them in."""
+    return [
+        config.memory_mb * MiB,  # address space
+        config.cpu_s,  # soft == hard: the kernel sends SIGKILL, which pid 1 cannot ignore
+        nproc_base + config.nproc,
+        config.file_size_mb * MiB,
+        config.open_files,
+        0,  # no core dumps
+    ]
 
 
 def bwrap_argv(config: SandboxConfig, info_fd: int) -> list[str]:
@@ -331,8 +343,8 @@ class SandboxProcess:
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
         info_r, info_w = os.pipe()
-        limits = json.dumps(rlimits(self.config, _nproc_base()))
-        inner = [self.config.python, "-S", "-I", "-B", "-c", HARNESS, str(req_r), str(resp_w), limits]
+        limits = ",".join(map(str, rlimits(self.config, _nproc_base())))
+        inner = [self.config.python, "-S", "-I", "-B", "-c", BOOTSTRAP, str(req_r), str(resp_w), limits]
         kwargs: dict[str, Any] = {}
         if os.getuid() == 0:  # run as nobody-in-particular: no capabilities, nproc counts this run only
             uid = _fresh_uid()
@@ -363,20 +375,25 @@ class SandboxProcess:
         for stream in (self._resp, self._out, self._err) + (() if unsafe else (self._info,)):
             os.set_blocking(stream.fd, False)
             self._sel.register(stream.fd, selectors.EVENT_READ, stream)
+        self._exited = False
+        self._pidfd = _pidfd(self.proc.pid)  # readable once bwrap exits: no polling with sleeps
+        if self._pidfd is not None:
+            self._sel.register(self._pidfd, selectors.EVENT_READ, "exit")
         self._stdin_fd = self.proc.stdin.fileno()
         os.set_blocking(self._stdin_fd, False)
         self._sel.register(self._stdin_fd, selectors.EVENT_WRITE, "stdin")
         os.set_blocking(self._req, False)
         self._pending_req = bytearray()
         self._req_registered = False
+        self._pending_req += _frame(compiled_harness(self.config.python))
         self.send({**header, "nonce": self.nonce})
 
     # -- talk -----------------------------------------------------------------------------------
-    def send(self, message: dict[str, Any]) -> bool:
-        """Queue one request line and push it out; False when the harness is gone or time is up."""
+    def send(self, message: Any) -> bool:
+        """Queue one request frame and push it out; False when the harness is gone or time is up."""
         if self._req is None:
             return False
-        self._pending_req += (json.dumps(message) + "\n").encode()
+        self._pending_req += _frame(marshal.dumps(message))
         if not self._req_registered:
             self._sel.register(self._req, selectors.EVENT_WRITE, "req")
             self._req_registered = True
@@ -404,11 +421,14 @@ class SandboxProcess:
             if remaining <= 0:
                 self.timed_out = True
                 return False
-            events = self._sel.select(timeout=min(remaining, 0.5))
+            events = self._sel.select(timeout=min(remaining, 0.5 if self._pidfd is not None else 0.005))
             if not events and self._all_closed() and self.proc.poll() is not None:
                 return until()  # nothing more can arrive
             for key, _ in events:
-                if key.data == "stdin":
+                if key.data == "exit":
+                    self._exited = True
+                    self._sel.unregister(self._pidfd)
+                elif key.data == "stdin":
                     self._feed_stdin()
                 elif key.data == "req":
                     self._feed_req()
@@ -458,7 +478,7 @@ class SandboxProcess:
         end = time.monotonic() + wait_s
         while not self._info.closed and time.monotonic() < end:
             for key, _ in self._sel.select(timeout=0.05):
-                if key.data is not None and key.data not in ("stdin", "req"):
+                if isinstance(key.data, _Stream):
                     self._read(key.data)
 
     def _note_inner_pid(self) -> None:
@@ -487,14 +507,19 @@ class SandboxProcess:
     def finish(self) -> SandboxResult:
         """Close the request channel, let the harness exit (or kill it at the deadline), reap."""
         self._close_fd("_req")
-        finished = self._pump(until=lambda: self._out.closed and self._err.closed and self._stdin_done())
-        if finished:
-            try:
-                self.proc.wait(timeout=max(0.01, self.deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.timed_out = True
+        self._pump(until=lambda: self._out.closed and self._err.closed and self._stdin_done() and self._has_exited())
         self.kill()
         return self._result()
+
+    def release(self) -> None:
+        """The caller has every answer it needs: close the request channel and let a background
+        thread wait for the exit (namespace teardown costs a few ms per run) and reap; the
+        sandbox is still killed at its deadline if it lingers."""
+        self._close_fd("_req")
+        threading.Thread(target=self.finish, name="sandbox-reaper", daemon=True).start()
+
+    def _has_exited(self) -> bool:
+        return self._exited or (self._pidfd is None and self.proc.poll() is not None)
 
     def _stdin_done(self) -> bool:
         return self.proc.stdin.closed
@@ -517,6 +542,9 @@ class SandboxProcess:
         self._close_fd("_req")
         for stream in (self._resp, self._info):
             self._close_stream(stream)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         self._sel.close()
         self.proc.stdout.close()
         self.proc.stderr.close()
@@ -561,6 +589,13 @@ class SandboxProcess:
     def __exit__(self, *exc: object) -> None:
         if self.proc.returncode is None:
             self.kill()
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python without it, or a kernel older than 5.3
+        return None
 
 
 def _kill_if_child_of(pid: int, parent: int) -> bool:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from domains.api import Status, Task
 from domains.code import CodeConfig, verify_code
 from domains.sandbox import (
-    SandboxConfig, SandboxUnavailable, _SELF_TEST, decode_value, encode_value, run_script, self_test,
+    SandboxConfig, SandboxProcess, SandboxUnavailable, _SELF_TEST, decode_value, run_script, self_test,
 )
 
 FAST = SandboxConfig(wall_timeout_s=2.0, cpu_s=1)
@@ -139,12 +139,27 @@ def test_config_rejects_unknown_and_silly_limits():
 
 
 # -- value transport ------------------------------------------------------------------------------
-def test_values_round_trip_with_their_types():
-    values = [1, True, None, 2.5, float("inf"), "s", [1, (2, 3)], {1: "a", "b": [True]}, {4, 5}, 10**30]
-    for value in values:
-        back = decode_value(json.loads(json.dumps(encode_value(value))))
-        assert back == (frozenset(value) if isinstance(value, set) else value)
-        assert type(back) is (frozenset if isinstance(value, set) else type(value))
+def test_values_cross_the_channel_with_their_types():
+    """Arguments in (marshal) and answers out (tagged JSON) keep tuple, set, bool and big int apart."""
+    values = [1, True, None, 2.5, float("inf"), "s\u00e9\n", [1, (2, 3)], {1: "a", "b": [True]}, {4, 5}, 10**30]
+    proc = SandboxProcess(FAST, {"mode": "call", "code": "def f(x):\n    return x", "entry": "f"})
+    assert proc.recv()["load"] is None
+    for index, value in enumerate(values):
+        assert proc.send((index, (value,), {}))
+        reply = proc.recv()
+        assert reply["n"] == proc.nonce and reply["i"] == index
+        back = decode_value(reply["v"])
+        want = frozenset(value) if isinstance(value, set) else value
+        assert back == want and type(back) is type(want)
+    assert proc.finish().returncode == 0
+
+
+def test_unplain_return_values_are_refused_inside():
+    proc = SandboxProcess(FAST, {"mode": "call", "code": "class A(int): pass\ndef f():\n    return [A(1)]", "entry": "f"})
+    proc.recv()
+    proc.send((0, (), {}))
+    assert proc.recv()["e"] == "TypeError: returned a A, not plain data"
+    proc.finish()
 
 
 # -- self-test and fail-closed --------------------------------------------------------------------
