@@ -9,7 +9,7 @@ Isolation layers, outermost first:
   no project directory. ``--clearenv``, ``--new-session`` (no terminal injection) and
   ``--die-with-parent`` (the sandbox dies with the verifier process).
 * When we run as root, bwrap itself is started under a fresh random unprivileged uid for every run
-  (``Popen(user=...)``): the sandbox then holds no capabilities, and ``RLIMIT_NPROC`` — which the
+  (``setpriv``, or ``Popen(user=...)``): the sandbox then holds no capabilities, and ``RLIMIT_NPROC`` — which the
   kernel never enforces for root — counts only that one run's processes. As an ordinary user the
   sandbox runs under that user's uid and ``nproc`` is added on top of the processes the user already
   has (measured once per process; the kernel counts per uid).
@@ -31,6 +31,7 @@ are usually not delegated to us); ``RLIMIT_AS`` and ``RLIMIT_NPROC`` stand in fo
 """
 from __future__ import annotations
 
+import _thread
 import functools
 import json
 import logging
@@ -43,7 +44,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,6 +289,24 @@ def _fresh_uid() -> int:
     return 1_500_000_000 + secrets.randbelow(500_000_000)
 
 
+@functools.lru_cache(maxsize=None)
+def _which(tool: str) -> str | None:
+    return shutil.which(tool)
+
+
+def _unprivileged(argv: list[str]) -> tuple[list[str], dict[str, Any], int]:
+    """As root, run ``argv`` under a fresh uid with no groups: through ``setpriv`` when it exists
+    (Popen can then use vfork, ~1 ms cheaper per start than the fork that ``Popen(user=...)``
+    needs), else through Popen's own ``user``/``group``. Otherwise unchanged."""
+    if os.getuid() != 0:
+        return argv, {}, os.getuid()
+    uid = _fresh_uid()
+    setpriv = _which("setpriv")
+    if setpriv:
+        return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv], {}, uid
+    return argv, {"user": uid, "group": uid, "extra_groups": []}, uid
+
+
 _NPROC_BASE: dict[int, int] = {}
 
 
@@ -345,16 +363,13 @@ class SandboxProcess:
         info_r, info_w = os.pipe()
         limits = ",".join(map(str, rlimits(self.config, _nproc_base())))
         inner = [self.config.python, "-S", "-I", "-B", "-c", BOOTSTRAP, str(req_r), str(resp_w), limits]
-        kwargs: dict[str, Any] = {}
-        if os.getuid() == 0:  # run as nobody-in-particular: no capabilities, nproc counts this run only
-            uid = _fresh_uid()
-            kwargs = {"user": uid, "group": uid, "extra_groups": []}
         if unsafe:
             self._workdir = tempfile.mkdtemp(prefix="palestra-unsafe-")
             os.chmod(self._workdir, 0o777)
             argv, fds, env = inner, (req_r, resp_w), {"PATH": "/usr/bin:/bin"}
         else:
             argv, fds, env = bwrap_argv(self.config, info_w) + inner, (req_r, resp_w, info_w), {}
+        argv, kwargs, self.uid = _unprivileged(argv)
         try:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -363,7 +378,6 @@ class SandboxProcess:
         finally:
             for fd in (req_r, resp_w, info_w):
                 os.close(fd)
-        self.uid = kwargs.get("user", os.getuid())
         self._req = req_w
         self._resp = _Stream(resp_r, 64 * MiB)
         self._info = _Stream(-1 if unsafe else info_r, 4096, closed=unsafe)
@@ -516,7 +530,7 @@ class SandboxProcess:
         thread wait for the exit (namespace teardown costs a few ms per run) and reap; the
         sandbox is still killed at its deadline if it lingers."""
         self._close_fd("_req")
-        threading.Thread(target=self.finish, name="sandbox-reaper", daemon=True).start()
+        _thread.start_new_thread(self.finish, ())  # not threading.Thread: its start() waits ~1 ms
 
     def _has_exited(self) -> bool:
         return self._exited or (self._pidfd is None and self.proc.poll() is not None)

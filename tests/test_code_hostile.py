@@ -86,7 +86,12 @@ def _zombie_children(pool: VerifierPool) -> list[psutil.Process]:
             children = psutil.Process(worker.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             continue
-        zombies += [c for c in children if c.status() == psutil.STATUS_ZOMBIE]
+        for child in children:
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    zombies.append(child)
+            except psutil.NoSuchProcess:  # reaped between listing and looking: fine
+                pass
     return zombies
 
 
