@@ -522,8 +522,20 @@ class CodeDatasetDomain(CodeDomain):
         self.levels = tuple(sorted({t.level for t in self.tasks})) or (1,)
 
     def task_from_row(self, row: dict[str, Any]) -> Task:
-        """One raw row (e.g. from ``palestra verify --input``) as a task of this domain."""
+        """One raw dataset row (HumanEval, APPS-style, call-based) as a task of this domain."""
         return row_to_task(row, self.name, row_level(row))
+
+    def task_from_json(self, data: dict[str, Any]) -> Task:
+        """``palestra verify`` input: a Task's JSON, a raw dataset row, or just the ``task_id`` of a
+        row in the configured file (the shape of HumanEval's own samples files)."""
+        if {"domain", "prompt", "payload"} <= data.keys():
+            return Task.from_json(data)
+        if data.keys() == {"task_id"}:
+            for task in self.tasks:
+                if task.meta.get("task_id") == data["task_id"]:
+                    return task
+            raise ValueError(f"no task {data['task_id']!r} in {self.config.path}")
+        return self.task_from_row(data)
 
     def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
         pool = [t for t in self.tasks if t.level == level]

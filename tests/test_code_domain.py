@@ -174,6 +174,30 @@ def test_missing_entry_point_is_an_error_not_a_crash(dataset):
     assert result.status is Status.ERROR and "add" in result.details["message"]
 
 
+def test_task_from_json_takes_task_json_raw_rows_and_task_ids(dataset):
+    humaneval = dataset.tasks[0]
+    assert dataset.task_from_json(humaneval.to_json()) == humaneval
+    assert dataset.task_from_json(HUMANEVAL_ROWS[0]).id == humaneval.id
+    assert dataset.task_from_json({"task_id": "Test/1"}).id == dataset.tasks[1].id
+
+
+def test_palestra_verify_scores_humaneval_rows(tmp_path):
+    """``palestra verify --domain code_dataset --input FILE.jsonl`` on HumanEval rows, no flags."""
+    cli = pytest.importorskip("curriculum.cli")
+    if not hasattr(cli, "cmd_verify"):
+        pytest.skip("this checkout's CLI has no verify command")
+    row = HUMANEVAL_ROWS[2]
+    lines = [{"task": row, "completion": row["canonical_solution"]}, {"task": row, "completion": "    return 0\n"}]
+    path = tmp_path / "samples.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    out = subprocess.run([sys.executable, "-c", "import sys; from curriculum.cli import main; sys.exit(main())",
+                          "verify", "--domain", "code_dataset", "--input", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    results = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["status"], r["reward"]) for r in results] == [("ok", 1.0), ("wrong", 0.0)]
+
+
 def test_a_bad_row_names_its_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(TESTS_ROW) + "\n" + json.dumps({"question": "no tests"}) + "\n")
