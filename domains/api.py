@@ -112,6 +112,11 @@ class Domain:
     def reference(self, task: Task) -> str | None:
         return None
 
+    def task_from_json(self, data: dict[str, Any]) -> Task:
+        """A task given by hand (``palestra verify``): a Task's JSON. Dataset domains override this
+        to also accept the rows of their own file format."""
+        return Task.from_json(data)
+
     def heldout(self, level: int, n: int, seed: int) -> list[Task]:
         """A fixed evaluation set. Procedural domains draw from a seed stream disjoint from training."""
         return self.sample(level, n, random.Random(f"heldout/{self.name}/{level}/{seed}"))

@@ -35,6 +35,7 @@ def verify_guarded(domain: Domain, task: Task, completion: str) -> VerifyResult:
 
 def _worker_main(conn: Connection, domains: dict[str, Domain]) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    conn.send("ready")  # the domains are unpickled (their modules imported): deadlines may start
     while True:
         try:
             job = conn.recv()
@@ -76,6 +77,7 @@ class _Worker:
         self.process.start()
         child.close()
         self.job: _Job | None = None
+        self.ready = False  # a new worker imports its domains first; that time is not a job's
         self.deadline = 0.0
         self.started = 0.0
 
@@ -100,6 +102,8 @@ class VerifierPool:
         self._closed = False
         self.timeouts = 0
         self.restarts = 0
+        self.start_failures = 0
+        self.broken: str | None = None
         self._thread = threading.Thread(target=self._dispatch_loop, name="verifier-pool", daemon=True)
         self._thread.start()
 
@@ -109,8 +113,9 @@ class VerifierPool:
             raise RuntimeError("verifier pool is closed")
         domain = self.domains.get(task.domain)
         future: Future = Future()
-        if domain is None:
-            future.set_result(Verdict(VerifyResult.failure(Status.ERROR, f"unknown domain {task.domain!r}"), 0.0))
+        if domain is None or self.broken:
+            message = self.broken or f"unknown domain {task.domain!r}"
+            future.set_result(Verdict(VerifyResult.failure(Status.ERROR, message), 0.0))
             return future
         job = _Job(next(self._ids), task.domain, task, completion, future, domain.config.verify_timeout_s)
         with self._lock:
@@ -148,20 +153,35 @@ class VerifierPool:
         while not self._closed:
             self._assign_jobs()
             busy = [w for w in self._workers if w.job is not None]
+            starting = [w for w in self._workers if not w.ready]
             timeout = min((w.deadline for w in busy), default=time.monotonic() + 1.0) - time.monotonic()
-            ready = wait([self._wakeup_r] + [w.conn for w in busy], timeout=max(0.0, timeout))
+            ready = wait([self._wakeup_r] + [w.conn for w in busy + starting], timeout=max(0.0, timeout))
             for conn in ready:
                 if conn is self._wakeup_r:
                     while self._wakeup_r.poll():
                         self._wakeup_r.recv_bytes()
                     continue
-                self._collect(next(w for w in busy if w.conn is conn))
+                worker = next(w for w in self._workers if w.conn is conn)
+                if worker.ready:
+                    self._collect(worker)
+                else:
+                    self._greet(worker)
             self._enforce_deadlines()
         self._fail_pending("verifier pool closed")
 
+    def _greet(self, worker: _Worker) -> None:
+        try:
+            worker.ready = worker.conn.recv() == "ready"
+        except (EOFError, OSError):  # died while starting (e.g. a plugin that fails to unpickle)
+            self.start_failures += 1
+            if self.start_failures > 3 * len(self._workers):
+                self.broken = "verifier workers keep dying at start-up (a domain that cannot be unpickled?)"
+                self._fail_pending(self.broken)
+            self._replace(self._workers.index(worker))
+
     def _assign_jobs(self) -> None:
         for i, worker in enumerate(self._workers):
-            if worker.job is not None:
+            if worker.job is not None or not worker.ready:
                 continue
             with self._lock:
                 if not self._queue:

@@ -89,12 +89,16 @@ def load_all(names: list[str], options: dict[str, dict[str, Any]] | None = None)
     """Load several domains; ``options`` is keyed by domain name. Duplicates are an error."""
     options = options or {}
     loaded: dict[str, Domain] = {}
+    used: set[str] = set()
     for name in names:
         domain = _resolve(name)
-        if domain.name in loaded:
-            raise DomainError(f"domain {domain.name!r} is selected twice")
-        loaded[domain.name] = configure(domain, options.get(domain.name))
-    unused = set(options) - set(loaded)
+        used.add(domain.name)
+        # a domain's options may rename it (e.g. a dataset domain), so key by the configured name
+        configured = configure(domain, options.get(domain.name))
+        if configured.name in loaded:
+            raise DomainError(f"domain {configured.name!r} is selected twice")
+        loaded[configured.name] = configured
+    unused = set(options) - used
     if unused:
         raise DomainError(f"options given for domains that are not selected: {', '.join(sorted(unused))}")
     return loaded

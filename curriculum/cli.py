@@ -1,0 +1,189 @@
+"""``palestra``: inspect runs and statistics, list domains, and check a domain by hand.
+
+    palestra runs   --db URL [--json]
+    palestra stats  --db URL --run ID [--json]
+    palestra domains [--json]
+    palestra sample --domain D --level L -n N [--seed S] [--json]
+    palestra verify --domain D --input FILE.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from typing import Any, Callable
+
+from domains.api import Task
+from domains.registry import DomainError, available, load
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (DomainError, KeyError, FileNotFoundError, ValueError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="palestra", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(required=True, metavar="command")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("runs", cmd_runs, "list the runs in a store")
+    p.add_argument("--db", required=True, help="SQLAlchemy URL of the store, e.g. sqlite:///outputs/x/palestra.db")
+    p.add_argument("--json", action="store_true")
+    p = command("stats", cmd_stats, "per-domain statistics of one run")
+    p.add_argument("--db", required=True)
+    p.add_argument("--run", required=True, help="run id (a unique prefix is enough)")
+    p.add_argument("--json", action="store_true")
+    p = command("domains", cmd_domains, "registered domains and their levels")
+    p.add_argument("--json", action="store_true")
+    p = command("sample", cmd_sample, "draw tasks with their reference completions")
+    p.add_argument("--domain", required=True)
+    p.add_argument("--level", type=int, required=True)
+    p.add_argument("-n", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="domain option (JSON value)")
+    p.add_argument("--json", action="store_true")
+    p = command("verify", cmd_verify, "verify {task, completion} lines, one VerifyResult JSON a line")
+    p.add_argument("--domain", required=True)
+    p.add_argument("--input", required=True, help="JSONL file ('-' for stdin)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--workers", type=int, default=2)
+    return parser
+
+
+# -- store views --------------------------------------------------------------------------------------
+def _open_store(url: str):
+    from curriculum.store import StatsStore
+
+    return StatsStore(url)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    with _open_store(args.db) as store:
+        # training steps are numbered from 1, so the last recorded step is the number of steps done
+        rows = [{**r, "steps": max(0, r.get("last_step") or 0)} for r in store.runs()]
+    if args.json:
+        print(json.dumps(rows, default=str, indent=1))
+    else:
+        _table(rows, ["id", "name", "sweep_id", "status", "seed", "steps", "started_at"])
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _open_store(args.db) as store:
+        run_id = _resolve_run(store, args.run)
+        rows = store.domain_summary(run_id)
+    if args.json:
+        print(json.dumps({"run": run_id, "domains": rows}, default=str, indent=1))
+    else:
+        print(f"run {run_id}")
+        _table(rows, ["domain", "attempts", "successes", "success_rate", "weight", "level"])
+    return 0
+
+
+def _resolve_run(store, prefix: str) -> str:
+    matches = [r["id"] for r in store.runs() if str(r["id"]).startswith(prefix)]
+    if len(matches) != 1:
+        raise KeyError(f"run {prefix!r} matches {len(matches)} runs in the store")
+    return matches[0]
+
+
+# -- domains ------------------------------------------------------------------------------------------
+def cmd_domains(args: argparse.Namespace) -> int:
+    rows = []
+    for name in available():
+        try:
+            domain = load(name)
+            rows.append({"name": name, "levels": list(domain.levels), "version": domain.version})
+        except DomainError as exc:  # list the broken plugin rather than hide it
+            rows.append({"name": name, "levels": [], "error": str(exc)})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        _table([{**r, "levels": ",".join(map(str, r["levels"]))} for r in rows], ["name", "levels", "version", "error"])
+    return 0
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--option {pair!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    domain = load(args.domain, _options(args.option))
+    if args.level not in domain.levels:
+        raise ValueError(f"domain {domain.name!r} has levels {list(domain.levels)}, not {args.level}")
+    for task in domain.sample(args.level, args.n, random.Random(args.seed)):
+        reference = domain.reference(task)
+        if args.json:
+            print(json.dumps({"task": task.to_json(), "reference": reference}))
+        else:
+            print(f"[{task.id}] {task.prompt[-1]['content']!r} -> {reference!r}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from domains.pool import VerifierPool
+
+    domain = load(args.domain, _options(args.option))
+    lines = (sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")).read().splitlines()
+    items: list[tuple[Task, str]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            task = domain.task_from_json(row["task"])
+            items.append((task, str(row["completion"])))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{args.input}:{number}: not a {{task, completion}} line ({type(exc).__name__}: {exc})")
+    with VerifierPool({domain.name: domain}, workers=args.workers) as pool:
+        for verdict in pool.verify_many([(_renamed(t, domain.name), c) for t, c in items]):
+            print(json.dumps(verdict.result.to_json(), default=str))
+    return 0
+
+
+def _renamed(task: Task, name: str) -> Task:
+    """Rows from a raw dataset may not name the domain; route them to the one being checked."""
+    if task.domain == name:
+        return task
+    return Task(domain=name, level=task.level, prompt=task.prompt, payload=task.payload, meta=task.meta, id=task.id)
+
+
+def _table(rows: list[dict], columns: list[str]) -> None:
+    columns = [c for c in columns if any(r.get(c) is not None for r in rows)] or columns[:1]
+    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Hand-computed checks of advantages, the clipped loss and each aggregation."""
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from trainer.losses import aggregate, grpo_loss, group_advantages, kl_k3, token_logprobs
+
+
+def test_group_advantages_group_std():
+    # group [1, 0, 0, 1]: mean 0.5, population std 0.5 -> (r - 0.5) / 0.5 = [1, -1, -1, 1]
+    # group [1, 1, 1, 1]: all agree -> centred rewards are 0 -> advantages 0 (no signal)
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    adv = group_advantages(rewards, "group", eps=0.0 + 1e-12)
+    assert_close(adv, torch.tensor([[1.0, -1.0, -1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
+
+
+def test_group_advantages_batch_std_and_none():
+    # rewards [[1, 0], [1, 1]]: centred by group -> [[0.5, -0.5], [0, 0]]
+    # batch std of {1, 0, 1, 1}: mean 0.75, var = (3 * 0.0625 + 0.5625) / 4 = 0.1875, std = 0.43301
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    batch = group_advantages(rewards, "batch", eps=0.0)
+    assert_close(batch, torch.tensor([[0.5 / 0.4330127, -0.5 / 0.4330127], [0.0, 0.0]]))
+    # Dr. GRPO: no std at all, only the group mean is removed
+    assert_close(group_advantages(rewards, "none"), torch.tensor([[0.5, -0.5], [0.0, 0.0]]))
+
+
+def test_mean_abs_advantage_identity():
+    # DESIGN §4: with 0/1 rewards and k of G correct (p = k/G), mean |A| = 2 sqrt(p(1-p)).
+    # k=2, G=8 (p=.25): centred values 0.75 and -0.25, std sqrt(.1875) = .4330 -> |A| = 1.732, 0.577;
+    # mean |A| = (2 * 1.732 + 6 * 0.577) / 8 = 0.866 = 2 sqrt(p(1-p)).
+    rewards = torch.tensor([[1.0, 1.0, 0, 0, 0, 0, 0, 0]])
+    adv = group_advantages(rewards, "group", eps=0.0)
+    assert math.isclose(adv.abs().mean().item(), 2 * math.sqrt(0.25 * 0.75), rel_tol=1e-5)
+
+
+def _two_sequences():
+    # ratios per token: seq0 [1.0, 1.5, 0.5] with A=+1; seq1 [1.0, 1.5, 0.5] with A=-1
+    # seq1's last token is padding (mask 0)
+    old = torch.log(torch.full((2, 3), 0.2))
+    ratios = torch.tensor([[1.0, 1.5, 0.5], [1.0, 1.5, 0.5]])
+    logp = (old + torch.log(ratios)).requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    return logp, old, adv, mask
+
+
+@pytest.mark.parametrize(
+    "aggregation, expected",
+    [
+        # per-token losses, eps = 0.2:
+        #   seq0 (A=+1): -min(r, clip(r)) = [-1.0, -1.2, -0.5] -> sum -2.7, mean -0.9
+        #   seq1 (A=-1): max(r, clip(r)) = [1.0, 1.5, (masked)] -> sum 2.5, mean 1.25
+        ("seq_mean", (-0.9 + 1.25) / 2),  # 0.175
+        ("token_mean", (-2.7 + 2.5) / 5),  # -0.04
+        ("constant", (-2.7 + 2.5) / (2 * 4)),  # -0.025 with max_tokens = 4
+    ],
+)
+def test_clipped_loss_aggregations(aggregation, expected):
+    logp, old, adv, mask = _two_sequences()
+    out = grpo_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.2, aggregation=aggregation, max_tokens=4)
+    assert_close(out.loss, torch.tensor(expected))
+    # only seq0's token 1 (ratio 1.5 > 1.2 with A > 0) is clipped high: 1 of 5 counted tokens
+    assert out.clip_high_frac == pytest.approx(0.2)
+    assert out.clip_low_frac == pytest.approx(0.0)
+
+
+def test_clipped_token_has_no_gradient():
+    logp, old, adv, mask = _two_sequences()
+    grpo_loss(logp, old, adv, mask, aggregation="token_mean").loss.backward()
+    # d/dlogp of -r*A at r=1 with A=+1 over 5 tokens: -1/5; the clipped token: 0; masked token: 0
+    assert_close(logp.grad[0, 0], torch.tensor(-0.2))
+    assert_close(logp.grad[0, 1], torch.tensor(0.0))
+    assert_close(logp.grad[1, 2], torch.tensor(0.0))
+    # seq1 token 1: ratio 1.5 with A=-1 is not clipped (pessimistic branch): d(r)/dlogp = r = 1.5
+    assert_close(logp.grad[1, 1], torch.tensor(1.5 / 5))
+
+
+def test_asymmetric_clip_higher():
+    logp, old, adv, mask = _two_sequences()
+    # eps_high = 0.6 lets ratio 1.5 through unclipped: seq0 becomes [-1, -1.5, -0.5]
+    out = grpo_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.6, aggregation="token_mean")
+    assert_close(out.loss, torch.tensor((-3.0 + 2.5) / 5))
+    assert out.clip_high_frac == 0.0
+
+
+def test_kl_k3_values_and_penalty():
+    # logp = log .5, ref = log .25: log ratio = log .5 -> .5 + .693147 - 1 = 0.193147
+    assert_close(kl_k3(torch.log(torch.tensor(0.5)), torch.log(torch.tensor(0.25))), torch.tensor(0.193147))
+    assert kl_k3(torch.tensor(-1.0), torch.tensor(-1.0)).item() == 0.0
+    logp, old, adv, mask = _two_sequences()
+    ref = old.clone()  # ratio to reference equals the ratio to old
+    plain = grpo_loss(logp, old, adv, mask, aggregation="token_mean")
+    with_kl = grpo_loss(logp, old, adv, mask, aggregation="token_mean", ref_logp=ref, beta=0.1)
+    expected_kl = kl_k3(logp.detach(), ref)[mask.bool()].mean()
+    assert with_kl.kl == pytest.approx(expected_kl.item(), rel=1e-5)
+    assert_close(with_kl.loss, plain.loss + 0.1 * expected_kl)
+
+
+def test_aggregate_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        aggregate(torch.zeros(1, 1), torch.ones(1, 1), "median", 1)
+
+
+def test_token_logprobs_matches_log_softmax():
+    logits = torch.tensor([[[2.0, 0.0, 0.0]]])
+    # log softmax of [2, 0, 0] at index 0: 2 - log(e^2 + 2) = -0.2395
+    assert_close(token_logprobs(logits, torch.tensor([[0]])), torch.tensor([[2 - math.log(math.e**2 + 2)]]))

@@ -1,0 +1,85 @@
+"""The rollouts of one step: P tasks x G completions, their verdicts and rewards."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from domains.api import Task
+from domains.pool import Verdict
+from trainer.rollout import Rollout
+
+
+@dataclass
+class StepBatch:
+    tasks: list[Task]  # [P]
+    group_size: int  # G
+    rollout: Rollout  # B = P*G rows; row p*G + g is completion g of task p
+    texts: list[str]  # [B] decoded completions
+    verdicts: list[Verdict]  # [B]
+
+    @property
+    def rewards(self) -> torch.Tensor:  # [P, G]
+        flat = torch.tensor([v.result.reward for v in self.verdicts], dtype=torch.float32)
+        return flat.view(len(self.tasks), self.group_size)
+
+    def zero_variance(self) -> torch.Tensor:  # [P] bool: every completion got the same reward
+        rewards = self.rewards
+        return (rewards.max(dim=1).values - rewards.min(dim=1).values) < 1e-9
+
+    def select(self, groups: list[int]) -> "StepBatch":
+        rows = [p * self.group_size + g for p in groups for g in range(self.group_size)]
+        return StepBatch(
+            tasks=[self.tasks[p] for p in groups], group_size=self.group_size,
+            rollout=select_rows(self.rollout, rows), texts=[self.texts[r] for r in rows],
+            verdicts=[self.verdicts[r] for r in rows],
+        )
+
+
+def select_rows(rollout: Rollout, rows: list[int]) -> Rollout:
+    index = torch.tensor(rows, dtype=torch.long)
+    return Rollout(
+        sequences=rollout.sequences[index], attention_mask=rollout.attention_mask[index],
+        completion_mask=rollout.completion_mask[index], prompt_width=rollout.prompt_width,
+        truncated=rollout.truncated[index], completion_ids=[rollout.completion_ids[r] for r in rows],
+    )
+
+
+def concat(batches: list[StepBatch], pad_id: int) -> StepBatch:
+    """Join batches whose prompt and completion widths differ (re-padding both sides)."""
+    if len(batches) == 1:
+        return batches[0]
+    width = max(b.rollout.prompt_width for b in batches)
+    length = max(b.rollout.completion_mask.shape[1] for b in batches)
+    parts = [_repad(b.rollout, width, length, pad_id) for b in batches]
+    rollout = Rollout(
+        sequences=torch.cat([p.sequences for p in parts]), attention_mask=torch.cat([p.attention_mask for p in parts]),
+        completion_mask=torch.cat([p.completion_mask for p in parts]), prompt_width=width,
+        truncated=torch.cat([p.truncated for p in parts]),
+        completion_ids=[ids for p in parts for ids in p.completion_ids],
+    )
+    return StepBatch(
+        tasks=[t for b in batches for t in b.tasks], group_size=batches[0].group_size, rollout=rollout,
+        texts=[t for b in batches for t in b.texts], verdicts=[v for b in batches for v in b.verdicts],
+    )
+
+
+def _repad(r: Rollout, width: int, length: int, pad_id: int) -> Rollout:
+    rows = r.sequences.shape[0]
+    left, right = width - r.prompt_width, length - r.completion_mask.shape[1]
+
+    def pad(t: torch.Tensor, value: int) -> torch.Tensor:
+        return torch.cat([
+            torch.full((rows, left), value, dtype=t.dtype, device=t.device), t,
+            torch.full((rows, right), value, dtype=t.dtype, device=t.device),
+        ], dim=1)
+
+    completion_mask = torch.cat(
+        [r.completion_mask, torch.zeros((rows, right), dtype=r.completion_mask.dtype, device=r.completion_mask.device)], dim=1
+    )
+    attention = pad(r.attention_mask, 0)
+    attention[:, width + r.completion_mask.shape[1]:] = 1  # padding after completions is harmless
+    return Rollout(
+        sequences=pad(r.sequences, pad_id), attention_mask=attention, completion_mask=completion_mask,
+        prompt_width=width, truncated=r.truncated, completion_ids=r.completion_ids,
+    )

@@ -1,0 +1,77 @@
+"""Checkpoints: model, optimizer, LR schedule, RNG states and the scheduler's state, saved atomically.
+
+A checkpoint is a folder ``checkpoints/step-000123``. It is written under a temporary name and
+renamed when complete, so a crash mid-save never leaves a folder that looks finished.
+"""
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+PREFIX = "step-"
+
+
+def save(output_dir: Path, step: int, *, keep: int, model, tokenizer, optimizer, lr_schedule,
+         state: dict[str, Any]) -> Path:
+    root = output_dir / "checkpoints"
+    final = root / f"{PREFIX}{step:07d}"
+    tmp = root / f".tmp-{PREFIX}{step:07d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "lr_schedule": lr_schedule.state_dict(), **state},
+               tmp / "trainer_state.pt")
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in complete(output_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete(output_dir: Path) -> list[Path]:
+    """Finished checkpoints, oldest first."""
+    root = output_dir / "checkpoints"
+    if not root.exists():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "trainer_state.pt").exists())
+
+
+def find(output_dir: Path, resume: str) -> Path | None:
+    """The checkpoint to resume from: none, the newest (``auto``), or an explicit folder."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = complete(output_dir)
+        return found[-1] if found else None
+    path = Path(resume)
+    if not (path / "trainer_state.pt").exists():
+        raise FileNotFoundError(f"resume: {path} is not a complete checkpoint folder")
+    return path
+
+
+def load(path: Path, model, optimizer, lr_schedule) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    weights = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+    model.load_state_dict(weights)
+    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    lr_schedule.load_state_dict(state["lr_schedule"])
+    return state
+
+
+def capture_rng() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])

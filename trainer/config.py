@@ -1,0 +1,139 @@
+"""The validated configuration of a training run.
+
+Hydra composes ``conf/``; the composed tree is turned into a plain dict and validated here, so a
+typo or a bad value fails in one line naming the key before any work starts. Only these typed
+objects travel past the entry point.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from curriculum.config import DifficultyConfig, PolicyConfig, StoreConfig
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TinyModelConfig(Strict):
+    hidden_size: int = Field(128, gt=0)
+    layers: int = Field(4, gt=0)
+    heads: int = Field(4, gt=0)
+    kv_heads: int = Field(2, gt=0)
+    intermediate_size: int = Field(384, gt=0)
+
+
+class ModelConfig(Strict):
+    type: Literal["tiny", "hf"] = "tiny"
+    name_or_path: str | None = None  # required for type=hf: a local folder or a hub name
+    tiny: TinyModelConfig = TinyModelConfig()
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: fp32 weights, bf16 autocast on CUDA
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @model_validator(mode="after")
+    def _needs_path(self) -> "ModelConfig":
+        if self.type == "hf" and not self.name_or_path:
+            raise ValueError("model.name_or_path is required when model.type is hf")
+        return self
+
+
+class TrainerConfig(Strict):
+    steps: int = Field(100, ge=0)
+    prompts_per_step: int = Field(8, gt=0)
+    group_size: int = Field(8, ge=2)
+    lr: float = Field(1e-4, gt=0)
+    warmup_steps: int = Field(5, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_new_tokens: int = Field(24, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    eps_high: float = Field(0.28, ge=0)
+    beta: float = Field(0.0, ge=0)  # KL coefficient; 0 loads no reference model
+    mu: int = Field(1, ge=1)  # inner optimisation passes over each batch of rollouts
+    advantage_std: Literal["group", "batch", "none"] = "group"
+    aggregation: Literal["seq_mean", "token_mean", "constant"] = "token_mean"
+    mask_truncated: bool = True  # truncated completions contribute no loss
+    dynamic_sampling: bool = False  # drop groups whose rewards all agree and refill (DAPO)
+    max_refill_rounds: int = Field(2, ge=0)  # cap on extra generation for dynamic sampling
+    micro_batch_size: int = Field(64, gt=0)  # sequences per forward/backward (grad accumulation)
+    rollout_batch_size: int = Field(64, gt=0)  # sequences generated together
+    grad_clip: float = Field(1.0, gt=0)
+    entropy_coef: float = Field(0.0, ge=0)
+    sft_coef: float = Field(0.0, ge=0)  # blend a supervised loss on reference completions
+    verifier_workers: int = Field(2, ge=1)
+    log_every: int = Field(1, gt=0)
+    table_every: int = Field(10, gt=0)
+
+
+class SFTConfig(Strict):
+    steps: int = Field(0, ge=0)
+    lr: float = Field(3e-3, gt=0)
+    batch_size: int = Field(64, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+
+
+class EvalConfig(Strict):
+    every: int = Field(0, ge=0)  # 0: only before and after training
+    tasks_per_level: int = Field(16, gt=0)
+    temperature: float = Field(0.0, ge=0)  # 0 = greedy
+    seed: int = 1234
+
+
+class CheckpointConfig(Strict):
+    every: int = Field(0, ge=0)  # 0: only at the end
+    keep: int = Field(2, ge=1)
+
+
+class PalestraConfig(Strict):
+    name: str = "palestra"
+    seed: int = 0
+    output_dir: str = "outputs/run"
+    sweep_id: str | None = None
+    resume: Literal["never", "auto"] | str = "never"  # "auto" or a checkpoint folder
+    model: ModelConfig = ModelConfig()
+    domains: list[str] = Field(default_factory=lambda: ["arithmetic", "linear_equations", "fractions"], min_length=1)
+    domain_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    policy: PolicyConfig
+    difficulty: DifficultyConfig
+    store: StoreConfig = StoreConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    sft: SFTConfig = SFTConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+
+class ConfigError(ValueError):
+    """An invalid configuration, described in one line."""
+
+
+def validate_config(raw: dict[str, Any]) -> PalestraConfig:
+    try:
+        return PalestraConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc)) from None
+
+
+def describe(exc: ValidationError) -> str:
+    """First error as ``dotted.key: message`` (plus a count of the others)."""
+    errors = exc.errors()
+    first = errors[0]
+    # drop the discriminator tags pydantic puts into union paths
+    loc = ".".join(str(part) for part in first["loc"] if not _is_union_tag(part))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{loc or 'config'}: {first['msg']}{more}"
+
+
+def _is_union_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part.startswith("function-") or part in _UNION_TAGS)
+
+
+def _type_tags(union: Any) -> set[str]:
+    """The ``type`` values of a discriminated union's members (pydantic puts them in error paths)."""
+    members = get_args(get_args(union)[0])
+    return {tag for member in members for tag in get_args(member.model_fields["type"].annotation)}
+
+
+_UNION_TAGS = _type_tags(PolicyConfig) | _type_tags(DifficultyConfig)

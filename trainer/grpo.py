@@ -1,0 +1,359 @@
+"""The GRPO recipe: setup / train / save_checkpoint / cleanup.
+
+One step: the scheduler plans how many prompts per (domain, level); tasks are drawn; G completions
+per task are sampled in chunks, and each chunk's verification runs in the worker pool while the
+next chunk generates; group-relative advantages feed the clipped policy loss; the step's outcomes
+go back to the scheduler, which writes them to the store in one transaction.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from curriculum.scheduler import Scheduler
+from curriculum.store import StatsStore
+from curriculum.types import Outcome, Plan
+from domains.api import Status, Task, stable_hash
+from domains.pool import VerifierPool
+from domains.registry import load_all
+from trainer import checkpoint
+from trainer.batch import StepBatch, concat
+from trainer.config import PalestraConfig
+from trainer.evaluate import evaluate, format_eval, heldout_tasks
+from trainer.losses import grpo_loss, group_advantages
+from trainer.metrics import MetricsLogger
+from trainer.models import encode_prompt, load_model, load_tokenizer, model_path, pick_device
+from trainer.rollout import generate, sequence_logprobs
+from trainer.sft import reference_pairs, supervised_loss, warm_start
+from trainer.tasks import TaskSource
+
+
+class GRPORecipe:
+    def __init__(self, cfg: PalestraConfig) -> None:
+        self.cfg = cfg
+        self.output_dir = Path(cfg.output_dir)
+        self.start_step = 0
+        self.pool: VerifierPool | None = None
+        self.logger: MetricsLogger | None = None
+        self.store: StatsStore | None = None
+        self.run_id: str | None = None
+        self.history: dict[str, dict[str, float]] = {}
+
+    # -- setup ------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        # Domains first: an unknown or broken plugin fails before anything heavy happens.
+        self.domains = load_all(cfg.domains, cfg.domain_options)
+        seed_everything(cfg.seed)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.device = pick_device(cfg.model.device)
+        path = model_path(cfg.model, self.output_dir, cfg.seed)
+        self.tokenizer = load_tokenizer(path, tiny=cfg.model.type == "tiny")
+        self.model = load_model(path, self.device)
+        self.ref_model = load_model(path, self.device).eval() if cfg.trainer.beta > 0 else None
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
+        warmup = max(1, cfg.trainer.warmup_steps)
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.pool = VerifierPool(self.domains, workers=cfg.trainer.verifier_workers)
+        self.store = StatsStore(cfg.store.url or f"sqlite:///{(self.output_dir / 'palestra.db').resolve()}")
+        self.heldout = heldout_tasks(self.domains, cfg.eval.tasks_per_level, cfg.eval.seed)
+        self.tasks = TaskSource(self.domains, {t.id for t in self.heldout}, cfg.seed)
+        self.scheduler_args = dict(
+            domain_levels={name: tuple(d.levels) for name, d in self.domains.items()},
+            policy=cfg.policy, difficulty=cfg.difficulty, prompts_per_step=cfg.trainer.prompts_per_step,
+            seed=cfg.seed, store=self.store,
+        )
+        latest = checkpoint.find(self.output_dir, cfg.resume)
+        if latest is not None:
+            self._resume(latest)
+        else:
+            self.run_id = self.store.start_run(cfg.name, cfg.model_dump(mode="json"), cfg.seed, sweep_id=cfg.sweep_id)
+            self.scheduler = Scheduler(run_id=self.run_id, **self.scheduler_args)
+        self.logger = MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.table_every)
+
+    def _resume(self, path: Path) -> None:
+        state = checkpoint.load(path, self.model, self.optimizer, self.lr_schedule)
+        self.start_step = state["step"]
+        self.run_id = state["run_id"]
+        self.scheduler = Scheduler(run_id=self.run_id, **self.scheduler_args)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.tasks.load_state_dict(state["tasks"])
+        self.generator.set_state(state["generator"])
+        checkpoint.restore_rng(state["rng"])
+        self.history = state.get("history", {})
+
+    # -- train ------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        assert self.logger is not None
+        if self.start_step == 0:
+            warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.tasks.draw, seed=cfg.seed,
+                       log=lambda s, m: self.logger.log(s, m, phase="sft"))
+            self.history["before"] = self._evaluate(0, "held-out success before GRPO")
+        for step in range(self.start_step + 1, cfg.trainer.steps + 1):
+            metrics = self.train_step(step)
+            self.logger.advance(step, metrics)
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
+                self._evaluate(step, f"held-out success at step {step}")
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+                self.save_checkpoint(step)
+        self.history["after"] = self._evaluate(cfg.trainer.steps, "held-out success after GRPO")
+        self.save_checkpoint(cfg.trainer.steps)
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        before, after = self.history.get("before", {}), self.history.get("after", {})
+        return {"run_id": self.run_id, "before": before, "after": after,
+                "macro_gain": after.get("eval/macro", 0.0) - before.get("eval/macro", 0.0)}
+
+    def _evaluate(self, step: int, title: str) -> dict[str, float]:
+        assert self.pool is not None and self.logger is not None
+        metrics = evaluate(
+            self.model, self.tokenizer, self.heldout, self.pool, max_new_tokens=self.cfg.trainer.max_new_tokens,
+            temperature=self.cfg.eval.temperature, batch_size=self.cfg.trainer.rollout_batch_size, seed=self.cfg.eval.seed,
+        )
+        self.logger.log(step, metrics, phase="eval")
+        self.logger.write(format_eval(metrics, title))
+        return metrics
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        t = self.cfg.trainer
+        timer: dict[str, float] = defaultdict(float)
+        plan = self.scheduler.plan(step)
+        batch, recorded = self._collect_with_refill(plan, timer)
+        advantages = group_advantages(batch.rewards, t.advantage_std)  # [P, G]
+        start = time.perf_counter()
+        update = self._update(batch, advantages.flatten())
+        timer["train"] = time.perf_counter() - start
+        metrics = self._step_metrics(step, plan, batch, recorded, update, timer)
+        start = time.perf_counter()
+        self.scheduler.record(step, self._outcomes(recorded, batch, advantages), metrics)
+        metrics["time/record"] = time.perf_counter() - start
+        assert self.logger is not None
+        self.logger.log(step, metrics)
+        return metrics
+
+    # -- rollouts -----------------------------------------------------------------------------------
+    def _collect_with_refill(self, plan: Plan, timer: dict[str, float]) -> tuple[StepBatch, list[StepBatch]]:
+        """Generate and verify the plan's tasks; with dynamic sampling, replace zero-variance groups.
+
+        Returns the batch to train on and every batch generated (discarded groups count in the
+        rollout budget and are recorded in the store)."""
+        t = self.cfg.trainer
+        generated = [self._collect(self.tasks.draw(plan.counts), timer)]
+        keep = [generated[0].select(_varied(generated[0]))] if t.dynamic_sampling else [generated[0]]
+        for _ in range(t.max_refill_rounds if t.dynamic_sampling else 0):
+            missing = t.prompts_per_step - sum(len(b.tasks) for b in keep)
+            if missing <= 0:
+                break
+            dropped = Counter((task.domain, task.level) for b in generated for task in b.tasks)
+            refill = self._collect(self.tasks.draw(_shrink(dropped, missing)), timer)
+            generated.append(refill)
+            keep.append(refill.select(_varied(refill)[:missing]))
+        keep = [b for b in keep if b.tasks] or [generated[0]]  # nothing varied: train on zeros (no-op)
+        return concat(keep, self.tokenizer.pad_token_id), generated
+
+    def _collect(self, tasks: list[Task], timer: dict[str, float]) -> StepBatch:
+        """Sample G completions per task in chunks; verification of one chunk overlaps the next."""
+        t, tok = self.cfg.trainer, self.tokenizer
+        assert self.pool is not None
+        per_chunk = max(1, t.rollout_batch_size // t.group_size)
+        parts, futures = [], []
+        start = time.perf_counter()
+        self.model.eval()
+        for first in range(0, len(tasks), per_chunk):
+            chunk = tasks[first:first + per_chunk]
+            prompts = [encode_prompt(tok, task.prompt) for task in chunk for _ in range(t.group_size)]
+            with self._autocast():
+                rollout = generate(self.model, prompts, max_new_tokens=t.max_new_tokens, eos_id=tok.eos_token_id,
+                                   pad_id=tok.pad_token_id, temperature=t.temperature, top_p=t.top_p,
+                                   generator=self.generator)
+            texts = tok.batch_decode(rollout.completion_ids, skip_special_tokens=False)
+            futures.append([self.pool.submit(chunk[i // t.group_size], text) for i, text in enumerate(texts)])
+            parts.append(StepBatch(chunk, t.group_size, rollout, texts, []))
+        self.model.train()
+        timer["generate"] += time.perf_counter() - start
+        start = time.perf_counter()
+        for part, pending in zip(parts, futures):
+            part.verdicts = [f.result() for f in pending]
+        timer["verify_wait"] += time.perf_counter() - start
+        return concat(parts, tok.pad_token_id)
+
+    # -- update ---------------------------------------------------------------------------------------
+    def _update(self, batch: StepBatch, advantages: torch.Tensor) -> dict[str, float]:
+        """mu passes of the clipped objective over the batch, in micro-batches (one optimizer step each)."""
+        t = self.cfg.trainer
+        r = batch.rollout
+        seqs, attn = r.sequences.to(self.device), r.attention_mask.to(self.device)
+        mask = r.completion_mask.float()
+        if t.mask_truncated:
+            mask[r.truncated] = 0.0
+        mask, adv = mask.to(self.device), advantages.to(self.device)
+        rows = seqs.shape[0]
+        chunks = [slice(i, min(i + t.micro_batch_size, rows)) for i in range(0, rows, t.micro_batch_size)]
+        old_logp = self._frozen_logprobs(self.model, seqs, attn, r.prompt_width, chunks) if t.mu > 1 else None
+        ref_logp = self._frozen_logprobs(self.ref_model, seqs, attn, r.prompt_width, chunks) if self.ref_model else None
+        total_tokens = float(mask.sum().clamp(min=1.0))
+        sft_pairs = reference_pairs(self.tokenizer, batch.tasks, self.domains) if t.sft_coef > 0 else []
+        stats: dict[str, float] = defaultdict(float)
+        for _ in range(t.mu):
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in chunks:
+                weight = (float(mask[mb].sum()) / total_tokens) if t.aggregation == "token_mean" else (mb.stop - mb.start) / rows
+                with self._autocast():
+                    logp, entropy = sequence_logprobs(self.model, seqs[mb], attn[mb], r.prompt_width, with_entropy=True)
+                out = grpo_loss(
+                    logp, old_logp[mb] if old_logp is not None else logp.detach(), adv[mb], mask[mb],
+                    eps_low=t.eps_low, eps_high=t.eps_high, aggregation=t.aggregation, max_tokens=t.max_new_tokens,
+                    ref_logp=ref_logp[mb] if ref_logp is not None else None, beta=t.beta,
+                    entropy=entropy if t.entropy_coef > 0 else entropy.detach(), entropy_coef=t.entropy_coef,
+                )
+                (out.loss * weight).backward()
+                for key in ("policy_loss", "kl", "clip_low_frac", "clip_high_frac", "entropy"):
+                    stats[key] += getattr(out, key) * weight / t.mu
+                stats["loss"] += out.loss.item() * weight / t.mu
+            if sft_pairs:
+                sft = supervised_loss(self.model, sft_pairs, self.tokenizer.pad_token_id)
+                (t.sft_coef * sft).backward()
+                stats["sft_loss"] += sft.item() / t.mu
+            stats["grad_norm"] += self._optimizer_step() / t.mu
+        stats["lr"] = self.lr_schedule.get_last_lr()[0]
+        self.lr_schedule.step()
+        return dict(stats)
+
+    def _optimizer_step(self) -> float:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip))
+        if not math.isfinite(grad_norm):
+            # A NaN/inf gradient would poison the weights; skip this update and say so.
+            assert self.logger is not None
+            self.logger.write(f"alarm: non-finite gradient norm ({grad_norm}); update skipped")
+            self.optimizer.zero_grad(set_to_none=True)
+            return float("nan")
+        self.optimizer.step()
+        return grad_norm
+
+    @torch.no_grad()
+    def _frozen_logprobs(self, model, seqs, attn, prompt_width, chunks) -> torch.Tensor:
+        with self._autocast():
+            return torch.cat([sequence_logprobs(model, seqs[mb], attn[mb], prompt_width)[0] for mb in chunks])
+
+    def _autocast(self):
+        if self.device.type == "cuda" and self.cfg.model.dtype in ("auto", "bfloat16"):
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # -- records and metrics --------------------------------------------------------------------------
+    def _outcomes(self, recorded: list[StepBatch], trained: StepBatch, advantages: torch.Tensor) -> list[Outcome]:
+        trained_adv = {(task.id, g): float(advantages[p, g]) for p, task in enumerate(trained.tasks)
+                       for g in range(trained.group_size)}
+        outcomes, group = [], 0
+        for batch in recorded:
+            for p, task in enumerate(batch.tasks):
+                prompt_hash = stable_hash(task.prompt)
+                version = self.domains[task.domain].version
+                for g in range(batch.group_size):
+                    row = p * batch.group_size + g
+                    verdict, text = batch.verdicts[row], batch.texts[row]
+                    outcomes.append(Outcome(
+                        domain=task.domain, level=task.level, task_id=task.id, group=group,
+                        reward=verdict.result.reward, correct=verdict.result.correct,
+                        status=verdict.result.status.value, advantage=trained_adv.get((task.id, g), 0.0),
+                        prompt_hash=prompt_hash, completion_hash=stable_hash(text), latency_s=verdict.latency_s,
+                        completion=text, verifier_version=version,
+                    ))
+                group += 1
+        return outcomes
+
+    def _step_metrics(self, step, plan, batch, recorded, update, timer) -> dict[str, Any]:
+        r = batch.rollout
+        lengths = r.completion_mask.sum(dim=1).float()
+        rewards = batch.rewards
+        generated_tokens = sum(int(b.rollout.completion_mask.sum()) for b in recorded)
+        all_tasks = [t for b in recorded for t in b.tasks]
+        all_verdicts = [v for b in recorded for v in b.verdicts]
+        metrics: dict[str, Any] = {
+            "step": step,
+            "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
+            "zero_variance_share": float(torch.cat([b.zero_variance() for b in recorded]).float().mean()),
+            "completion_len/mean": float(lengths.mean()), "completion_len/max": float(lengths.max()),
+            "truncated_rate": float(r.truncated.float().mean()),
+            "rollouts": sum(len(b.verdicts) for b in recorded),
+            "tokens_per_s": generated_tokens / max(timer["generate"], 1e-9),
+            "time/generate": timer["generate"], "time/verify_wait": timer["verify_wait"], "time/train": timer["train"],
+            **update,
+        }
+        per_domain = _per_domain(all_tasks, all_verdicts, batch.group_size, recorded)
+        for i, name in enumerate(plan.domains):
+            row = per_domain.get(name, {})
+            metrics[f"domain/{name}/weight"] = float(plan.weights[i])
+            metrics[f"domain/{name}/level"] = int(plan.levels[i])
+            metrics[f"domain/{name}/prompts"] = sum(n for (d, _), n in plan.counts.items() if d == name)
+            for key, value in row.items():
+                metrics[f"domain/{name}/{key}"] = value
+        return metrics
+
+    # -- checkpoints and cleanup --------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> Path:
+        return checkpoint.save(
+            self.output_dir, step, keep=self.cfg.checkpoint.keep, model=self.model, tokenizer=self.tokenizer,
+            optimizer=self.optimizer, lr_schedule=self.lr_schedule,
+            state={"run_id": self.run_id, "scheduler": self.scheduler.state_dict(), "tasks": self.tasks.state_dict(),
+                   "generator": self.generator.get_state(), "rng": checkpoint.capture_rng(), "history": self.history},
+        )
+
+    def cleanup(self, status: str = "finished") -> None:
+        if self.pool is not None:
+            self.pool.close()
+        if self.store is not None and self.run_id is not None:
+            self.store.finish_run(self.run_id, status)
+        if self.logger is not None:
+            self.logger.close()
+
+
+def _varied(batch: StepBatch) -> list[int]:
+    return [p for p, flat in enumerate(batch.zero_variance().tolist()) if not flat]
+
+
+def _shrink(counts: Counter, total: int) -> dict[tuple[str, int], int]:
+    """Take ``total`` slots from ``counts`` in proportion, deterministically."""
+    slots = [slot for slot, n in sorted(counts.items()) for _ in range(n)]
+    step = max(1, len(slots) // total)
+    picked = Counter(slots[::step][:total])
+    return dict(picked)
+
+
+def _per_domain(tasks, verdicts, group_size, recorded) -> dict[str, dict[str, float]]:
+    rewards: dict[str, list[float]] = defaultdict(list)
+    statuses: dict[str, Counter] = defaultdict(Counter)
+    for i, verdict in enumerate(verdicts):
+        name = tasks[i // group_size].domain
+        rewards[name].append(verdict.result.reward)
+        statuses[name][verdict.result.status] += 1
+    zero_var: dict[str, list[bool]] = defaultdict(list)
+    for b in recorded:
+        for task, flat in zip(b.tasks, b.zero_variance().tolist()):
+            zero_var[task.domain].append(flat)
+    out = {}
+    for name, values in rewards.items():
+        s = statuses[name]
+        out[name] = {
+            "reward": float(np.mean(values)), "zero_var": float(np.mean(zero_var[name])),
+            "errors": s[Status.ERROR] + s[Status.TIMEOUT] + s[Status.SANDBOX_VIOLATION],
+            "format_errors": s[Status.FORMAT_ERROR],
+        }
+    return out
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -1,0 +1,127 @@
+"""Pure functions for GRPO: group-relative advantages, the clipped policy loss, KL, aggregation.
+
+Shapes: P prompts, G completions per prompt, B = P*G sequences, L completion tokens (padded).
+
+Departures from the GRPO paper (Shao et al. 2024), each an option the user can turn back:
+- the clip range is asymmetric (``eps_low``/``eps_high``, DAPO's "clip-higher"); equal values give
+  the paper's symmetric clip;
+- the loss can be aggregated three ways (see ``aggregate``); ``seq_mean`` is the paper's;
+- advantages can be scaled by the group std (paper), the batch std, or not at all (Dr. GRPO, which
+  argues the group std biases updates towards too-easy and too-hard prompts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+StdMode = Literal["group", "batch", "none"]
+Aggregation = Literal["seq_mean", "token_mean", "constant"]
+
+
+def group_advantages(rewards: torch.Tensor, std_mode: StdMode = "group", eps: float = 1e-4) -> torch.Tensor:
+    """rewards [P, G] -> advantages [P, G]: (r - group mean) / (std + eps) per the chosen std."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if std_mode == "group":
+        return centred / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
+    if std_mode == "batch":
+        return centred / (rewards.std(unbiased=False) + eps)
+    if std_mode == "none":
+        return centred
+    raise ValueError(f"unknown std_mode {std_mode!r}")
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1, always >= 0."""
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: Aggregation, max_tokens: int) -> torch.Tensor:
+    """Reduce a per-token loss [B, L] to a scalar.
+
+    seq_mean:   mean over each sequence's tokens, then over sequences (original GRPO);
+    token_mean: sum over all tokens / number of tokens in the batch (DAPO);
+    constant:   sum over all tokens / (B * max_tokens), a fixed normaliser (Dr. GRPO), so no
+                sequence's tokens weigh more because the sequence is short.
+    """
+    mask = mask.to(per_token.dtype)
+    if mode == "seq_mean":
+        per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        return per_seq.mean()
+    if mode == "token_mean":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if mode == "constant":
+        return (per_token * mask).sum() / (per_token.shape[0] * max_tokens)
+    raise ValueError(f"unknown aggregation {mode!r}")
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar, differentiable
+    policy_loss: float
+    kl: float  # mean per-token k3 KL (0 when beta == 0)
+    clip_low_frac: float  # share of tokens whose ratio hit the lower clip with A < 0
+    clip_high_frac: float  # share of tokens whose ratio hit the upper clip with A > 0
+    entropy: float
+
+
+def grpo_loss(
+    logp: torch.Tensor,  # [B, L] log-probs of the sampled tokens under the current policy
+    old_logp: torch.Tensor,  # [B, L] under the policy that generated them (detached)
+    advantages: torch.Tensor,  # [B] one advantage per sequence
+    mask: torch.Tensor,  # [B, L] 1 for completion tokens that count in the loss
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    aggregation: Aggregation = "seq_mean",
+    max_tokens: int = 1,
+    ref_logp: torch.Tensor | None = None,  # [B, L] under the frozen reference model
+    beta: float = 0.0,
+    entropy: torch.Tensor | None = None,  # [B, L] per-token entropy of the current policy
+    entropy_coef: float = 0.0,
+) -> LossOutput:
+    """Clipped surrogate: per token -min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A) (+ beta*KL)."""
+    ratio = torch.exp(logp - old_logp)
+    adv = advantages.unsqueeze(1)  # [B, 1] broadcast over tokens
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token = -torch.min(unclipped, clipped)
+    kl_value = 0.0
+    if beta > 0.0 and ref_logp is not None:
+        kl = kl_k3(logp, ref_logp)
+        per_token = per_token + beta * kl
+        kl_value = _masked_mean(kl, mask)
+    if entropy is not None and entropy_coef > 0.0:
+        per_token = per_token - entropy_coef * entropy
+    loss = aggregate(per_token, mask, aggregation, max_tokens)
+    with torch.no_grad():
+        low = ((ratio < 1.0 - eps_low) & (adv < 0)).to(logp.dtype)
+        high = ((ratio > 1.0 + eps_high) & (adv > 0)).to(logp.dtype)
+        policy_only = -torch.min(unclipped, clipped)
+        return LossOutput(
+            loss=loss,
+            policy_loss=float(aggregate(policy_only, mask, aggregation, max_tokens)),
+            kl=kl_value,
+            clip_low_frac=_masked_mean(low, mask),
+            clip_high_frac=_masked_mean(high, mask),
+            entropy=_masked_mean(entropy, mask) if entropy is not None else 0.0,
+        )
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    mask = mask.to(values.dtype)
+    return float((values.detach() * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """logits [B, L, V], targets [B, L] -> log-prob of each target token [B, L] (fp32)."""
+    logits = logits.float()
+    return torch.gather(logits.log_softmax(dim=-1), 2, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """logits [B, L, V] -> entropy of each position's distribution [B, L]."""
+    logp = logits.float().log_softmax(dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)

@@ -1,0 +1,58 @@
+"""Load the policy model and tokenizer: the built-in ``tiny`` model or any Hugging Face causal LM."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from domains.api import Messages
+from trainer.config import ModelConfig
+from trainer.tiny_model import build_tiny_model
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def model_path(cfg: ModelConfig, output_dir: Path, seed: int) -> str:
+    """Where the weights come from: a freshly built tiny model folder, or the user's model."""
+    if cfg.type == "tiny":
+        t = cfg.tiny
+        return str(build_tiny_model(
+            output_dir / "tiny-model", hidden_size=t.hidden_size, layers=t.layers, heads=t.heads,
+            kv_heads=t.kv_heads, intermediate_size=t.intermediate_size, seed=seed,
+        ))
+    assert cfg.name_or_path is not None
+    return cfg.name_or_path
+
+
+def load_tokenizer(path: str, tiny: bool) -> PreTrainedTokenizerBase:
+    # The tiny tokenizer is a plain fast tokenizer; AutoTokenizer would substitute the Qwen2 class
+    # named by the model config, which does not know our character-level pre-tokenizer.
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path) if tiny else AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str, device: torch.device) -> torch.nn.Module:
+    # Weights stay in fp32 (the optimizer's master copy); bf16 comes from autocast on CUDA.
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.to(device)
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> list[int]:
+    """Chat messages -> prompt token ids ending where the assistant starts to speak."""
+    if tokenizer.chat_template:
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded)
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def encode_completion(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """A completion's tokens followed by EOS, as the model should emit it."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

@@ -1,0 +1,133 @@
+"""Batched sampling with a KV cache: prompts in, completions (tokens, masks, text) out.
+
+A plain sampling loop instead of ``model.generate``: it needs only a forward pass with a cache, so
+it works with any causal LM, and it skips generate's per-token processor machinery, which
+dominates the cost at the small model sizes we train on CPUs.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class Rollout:
+    sequences: torch.Tensor  # [B, T+L] left-padded prompt, then completion (pad after EOS)
+    attention_mask: torch.Tensor  # [B, T+L] 1 on real prompt tokens and on every generated slot
+    completion_mask: torch.Tensor  # [B, L] 1 on generated tokens up to and including EOS
+    prompt_width: int  # T
+    truncated: torch.Tensor  # [B] bool: no EOS within the token budget
+    completion_ids: list[list[int]]  # per sequence, generated tokens without EOS/padding
+
+    @property
+    def completion_tokens(self) -> torch.Tensor:  # [B, L]
+        return self.sequences[:, self.prompt_width:]
+
+
+def left_pad(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> ids [B, T] and attention mask [B, T], padded on the left."""
+    width = max(len(ids) for ids in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, tokens in enumerate(batch):
+        ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+        mask[row, width - len(tokens):] = 1
+    return ids, mask
+
+
+def positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on each row's first real token (left padding)."""
+    return (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """logits [B, V] -> token ids [B]; temperature 0 means greedy."""
+    if temperature <= 0.0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p  # keep the smallest nucleus
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        choice = torch.multinomial(sorted_probs, 1, generator=generator)
+        return order.gather(-1, choice).squeeze(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    prompt_mask = mask
+    batch = ids.shape[0]
+    cache = {_cache_keyword(model): DynamicCache()}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True, **cache)
+    logits = out.logits[:, -1, :]
+    next_pos = positions(mask)[:, -1] + 1  # [B]
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    generated: list[torch.Tensor] = []
+    for _ in range(max_new_tokens):
+        token = sample_next(logits, temperature, top_p, generator)
+        token = torch.where(finished, torch.full_like(token, pad_id), token)
+        generated.append(token)
+        finished |= token == eos_id
+        if bool(finished.all()) or len(generated) == max_new_tokens:
+            break
+        mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
+        out = model(input_ids=token.unsqueeze(1), attention_mask=mask, position_ids=next_pos.unsqueeze(1),
+                    use_cache=True, **cache)
+        logits = out.logits[:, -1, :]
+        next_pos = next_pos + 1
+    completion = torch.stack(generated, dim=1)  # [B, L]
+    return _assemble(ids, prompt_mask, completion, eos_id)
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """transformers 5 renamed ``past_key_values`` to ``cache``; accept either generation."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _assemble(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion: torch.Tensor, eos_id: int) -> Rollout:
+    is_eos = completion == eos_id
+    # a token counts while no EOS came strictly before it (the EOS itself counts: it is a choice)
+    eos_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
+    completion_mask = (~eos_before).long()
+    truncated = ~is_eos.any(dim=1)
+    attention = torch.cat([prompt_mask, torch.ones_like(completion)], dim=1)
+    texts = [
+        [t for t, keep, eos in zip(row.tolist(), m.tolist(), e.tolist()) if keep and not eos]
+        for row, m, e in zip(completion, completion_mask, is_eos)
+    ]
+    return Rollout(
+        sequences=torch.cat([prompt_ids, completion], dim=1), attention_mask=attention,
+        completion_mask=completion_mask, prompt_width=prompt_ids.shape[1], truncated=truncated,
+        completion_ids=texts,
+    )
+
+
+def sequence_logprobs(
+    model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [B, L] of the completion tokens (and their entropies [B, L] if asked)."""
+    from trainer.losses import token_entropy, token_logprobs
+
+    logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=positions(attention_mask)).logits
+    # position t predicts token t+1: completion token j is predicted at prompt_width - 1 + j
+    logits = logits[:, prompt_width - 1:-1, :]
+    logp = token_logprobs(logits, sequences[:, prompt_width:])
+    return logp, (token_entropy(logits) if with_entropy else None)

@@ -1,0 +1,44 @@
+"""Draw training tasks for a plan, keeping the held-out evaluation tasks out of training."""
+from __future__ import annotations
+
+import random
+
+from domains.api import Domain, Task
+
+
+class TaskSource:
+    def __init__(self, domains: dict[str, Domain], heldout_ids: set[str], seed: int) -> None:
+        self.domains = domains
+        self.heldout_ids = heldout_ids
+        self.rng = random.Random(f"train/{seed}")
+
+    def draw(self, counts: dict[tuple[str, int], int]) -> list[Task]:
+        """Tasks for each (domain, level) slot of a plan, in a deterministic order."""
+        tasks: list[Task] = []
+        for (name, level), n in sorted(counts.items()):
+            if n > 0:
+                tasks.extend(self._draw_one(name, level, n))
+        return tasks
+
+    def _draw_one(self, name: str, level: int, n: int) -> list[Task]:
+        domain = self.domains[name]
+        kept: list[Task] = []
+        # Held-out tasks are rejected and redrawn. A domain whose every task is held out would
+        # loop forever, so after a generous number of rounds we give up loudly.
+        for _ in range(50):
+            kept += [t for t in domain.sample(level, n - len(kept), self.rng) if t.id not in self.heldout_ids]
+            if len(kept) >= n:
+                return kept[:n]
+        raise RuntimeError(f"domain {name!r} level {level}: could not draw {n} tasks outside the held-out set")
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.setstate(_as_rng_state(state["rng"]))
+
+
+def _as_rng_state(state):
+    # random.getstate() is a nested tuple; it may come back from storage as lists
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
