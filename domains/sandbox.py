@@ -634,7 +634,7 @@ def run_script(config: SandboxConfig, code: str, stdin: bytes = b"", unsafe: boo
 _PROBE = r"""
 import os, socket, json
 checks = {"uid_not_root": os.getuid() != 0, "no_etc": not os.path.exists("/etc/passwd")}
-checks["no_project"] = not os.path.exists(%r)
+checks["no_host_files"] = not any(os.path.exists(p) for p in %r)
 try:
     socket.create_connection(("1.1.1.1", 53), timeout=0.5); checks["no_network"] = False
 except OSError:
@@ -666,16 +666,27 @@ def _probe(config: SandboxConfig) -> str | None:
     if not os.access(config.python, os.X_OK):
         return f"sandbox interpreter {config.python!r} not found"
     probe_config = config.model_copy(update={"wall_timeout_s": 10.0, "cpu_s": max(config.cpu_s, 2)})
+    host_dir = tempfile.mkdtemp(prefix="palestra-probe-")  # a host file the sandbox must not see
+    Path(host_dir, "marker").write_text("host")
+    hidden = [str(Path(host_dir, "marker")), *_project_paths()]
     try:
-        result = run_script(probe_config, _PROBE % os.getcwd())
+        result = run_script(probe_config, _PROBE % (hidden,))
         checks = json.loads(result.stdout)
     except Exception as exc:  # any failure to start or parse means: not isolated
         return f"sandbox self-test could not run: {type(exc).__name__}: {exc}"
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)
     failed = [name for name, ok in checks.items() if not ok]
     if result.returncode != 0 or failed:
         err = result.stderr.decode(errors="replace")[-300:]
         return f"sandbox self-test failed: {failed or 'exit ' + str(result.returncode)} {err}".strip()
     return None
+
+
+def _project_paths() -> list[str]:
+    """This project's source files, unless installed under /usr (then visible read-only, as all of /usr)."""
+    here = Path(__file__).resolve()
+    return [] if str(here).startswith("/usr/") else [str(here)]
 
 
 def python_version_inside(config: SandboxConfig) -> str:
