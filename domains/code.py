@@ -30,6 +30,7 @@ import logging
 import math
 import random
 import re
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -201,9 +202,13 @@ class _Caller:
         return isinstance(message, dict) and message.get("n") == self.proc.nonce
 
     def call(self, args: list[Any]) -> tuple[str, Any]:
-        """('value', v) | ('raised', message) | ('dead', None) | ('forged', None)."""
+        """('value', v) | ('raised', message) | ('dead' | 'forged' | 'unsendable', None)."""
         index, self.count = self.count, self.count + 1
-        if not self.proc.send((index, tuple(args), {})):
+        try:
+            sent = self.proc.send((index, tuple(args), {}))
+        except ValueError:  # marshal: an argument that is not plain data (trusted check code's doing)
+            return "unsendable", None
+        if not sent:
             return "dead", None
         reply = self.proc.recv()
         if reply is None:
@@ -244,6 +249,9 @@ def run_call_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _O
         if kind == "dead":
             _process_failure(caller.proc, outcome, case["args"])
             return outcome
+        if kind == "unsendable":
+            outcome.fail(case["args"], "test arguments are not plain data", Status.ERROR)
+            break
         if kind == "forged":
             outcome.fail(case["args"], "garbage on the result channel", Status.SANDBOX_VIOLATION)
             break
@@ -331,10 +339,14 @@ def run_humaneval(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Ou
         namespace["check"](candidate)
         outcome.passed = 1
     except _Abort as abort:
+        case_input = last_args[0] if last_args else None
         if str(abort) == "dead":
-            _process_failure(caller.proc, outcome, last_args[0] if last_args else None)
+            _process_failure(caller.proc, outcome, case_input)
             return outcome
-        outcome.fail(last_args[0] if last_args else None, "garbage on the result channel", Status.SANDBOX_VIOLATION)
+        if str(abort) == "unsendable":
+            outcome.fail(case_input, "check() passed arguments that are not plain data", Status.ERROR)
+        else:
+            outcome.fail(case_input, "garbage on the result channel", Status.SANDBOX_VIOLATION)
     except Exception as exc:  # AssertionError, or the candidate's own exception
         outcome.fail(last_args[0] if last_args else None, f"{type(exc).__name__}: {exc}")
     caller.proc.release()
@@ -352,7 +364,12 @@ def _run_trusted(code: str, namespace: dict[str, Any]) -> None:
 def run_stdio_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Outcome:
     cases = payload["cases"][: config.max_tests]
     outcome = _Outcome(len(cases))
+    # One sandbox per case: stop before the pool's hard deadline would kill this worker mid-run.
+    budget_end = time.monotonic() + config.verify_timeout_s - config.sandbox.wall_timeout_s - 1.0
     for case in cases:
+        if time.monotonic() > budget_end:
+            outcome.fail(case["input"], "verification time budget used up", Status.TIMEOUT)
+            break
         result = run_script(config.sandbox, code, case["input"].encode(), unsafe=config.unsafe_no_sandbox)
         if result.timed_out:
             outcome.fail(case["input"], "time limit exceeded", Status.TIMEOUT)

@@ -198,6 +198,21 @@ def test_palestra_verify_scores_humaneval_rows(tmp_path):
     assert [(r["status"], r["reward"]) for r in results] == [("ok", 1.0), ("wrong", 0.0)]
 
 
+def test_stdio_cases_stop_at_the_time_budget(dataset):
+    """Many slow cases must not run into the pool's hard deadline: stop early, call it a timeout."""
+    slow = dataset.configure({"verify_timeout_s": 3.5})  # budget: 3.5 - 2 (wall) - 1 = 0.5 s
+    row = {"input_output": {"inputs": ["1\n"] * 5, "outputs": ["1\n"] * 5}}
+    result = slow.verify(slow.task_from_row(row), "import time\ntime.sleep(0.6)\nprint(input())")
+    assert result.status is Status.TIMEOUT and result.details["passed"] == 1
+    assert "budget" in result.details["message"]
+
+
+def test_check_code_with_unsendable_arguments_is_an_error(dataset):
+    row = {**HUMANEVAL_ROWS[2], "test": "def check(candidate):\n    assert candidate(lambda: 1) == 1\n"}
+    result = dataset.verify(dataset.task_from_row(row), HUMANEVAL_ROWS[2]["canonical_solution"])
+    assert result.status is Status.ERROR and "not plain data" in result.details["message"]
+
+
 def test_a_bad_row_names_its_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(TESTS_ROW) + "\n" + json.dumps({"question": "no tests"}) + "\n")
