@@ -1,0 +1,69 @@
+"""Every option of every config group composes and validates; bad values fail in one line."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from trainer.app import CONF_DIR, to_config
+from trainer.config import ConfigError
+
+GROUPS = sorted(p.name for p in Path(CONF_DIR).iterdir() if p.is_dir())
+
+
+def _compose(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["output_dir=/tmp/unused", *overrides])
+    return to_config(cfg)
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+def test_groups_are_the_documented_ones():
+    assert {"model", "trainer", "policy", "difficulty", "store"} <= set(GROUPS)
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_group_option_validates(group, option):
+    extra = ["model.name_or_path=/some/model"] if (group, option) == ("model", "hf") else []
+    config = _compose([f"{group}={option}", *extra])
+    section = getattr(config, group)
+    if hasattr(section, "type"):
+        assert section.type == option or (group == "model" and section.type == option)
+
+
+def test_defaults_are_the_main_job():
+    config = _compose([])
+    assert config.model.type == "tiny"
+    assert config.policy.type == "learnability"
+    assert config.difficulty.type == "threshold"
+    assert config.domains == ["arithmetic", "linear_equations", "fractions"]
+    assert config.sft.steps > 0 and config.trainer.steps > 0
+
+
+def test_stable_keys_override():
+    config = _compose([
+        "seed=7", "domains=[arithmetic]", "policy=uniform", "store.url=sqlite:///x.db", "trainer.steps=3",
+        "trainer.prompts_per_step=4", "trainer.group_size=2", "trainer.lr=0.01", "sft.steps=0", "eval.every=2",
+        "resume=auto",
+    ])
+    assert (config.seed, config.domains, config.policy.type, config.store.url) == (7, ["arithmetic"], "uniform", "sqlite:///x.db")
+    assert (config.trainer.steps, config.trainer.prompts_per_step, config.trainer.group_size) == (3, 4, 2)
+    assert (config.trainer.lr, config.sft.steps, config.eval.every, config.resume) == (0.01, 0, 2, "auto")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("trainer.lr=-1", "trainer.lr: Input should be greater than 0"),
+    ("trainer.group_size=1", "trainer.group_size: Input should be greater than or equal to 2"),
+    ("+trainer.lrr=1", "trainer.lrr: Extra inputs are not permitted"),
+    ("trainer.aggregation=median", "trainer.aggregation: Input should be 'seq_mean', 'token_mean' or 'constant'"),
+    ("policy.floor=-0.5", "policy.floor:"),
+    ("model=hf", "model: Value error, model.name_or_path is required when model.type is hf"),
+])
+def test_bad_values_fail_in_one_line_naming_the_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        _compose([override])
+    text = str(info.value)
+    assert "\n" not in text
+    assert text.startswith(message), text
