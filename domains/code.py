@@ -18,6 +18,10 @@ Statuses: ``format_error`` (no code, syntax error), ``timeout`` (wall clock or C
 program failed to load or its process died), ``sandbox_violation`` (output cap exceeded, or garbage
 on the result channel), ``wrong`` (ran, failed a test), ``ok``.
 
+Limits (``sandbox:`` options) apply per sandboxed process: to a whole task for ``call`` and
+``humaneval`` (one process answers every call), to each case for ``stdio``. Sandboxed code sees the
+standard library only (the interpreter runs with ``-S -I``: no site-packages).
+
 Departures from the published harnesses: HumanEval's ``check`` counts as one test (its asserts are
 not split); a HumanEval check that tests a result with ``is True`` or ``isinstance(..., bool)`` fails,
 the price of keeping ``True`` distinct from ``1``.
@@ -219,7 +223,7 @@ class _Caller:
             return "raised", str(reply["e"])[:300]
         try:
             return "value", decode_value(reply["v"])
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             return "forged", None
 
 

@@ -422,7 +422,7 @@ class SandboxProcess:
         self._resp.data = bytearray(rest)
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # e.g. a forged line nested 100 000 deep
             return {"malformed": True}
         return message if isinstance(message, dict) else {"malformed": True}
 
@@ -530,7 +530,13 @@ class SandboxProcess:
         thread wait for the exit (namespace teardown costs a few ms per run) and reap; the
         sandbox is still killed at its deadline if it lingers."""
         self._close_fd("_req")
-        _thread.start_new_thread(self.finish, ())  # not threading.Thread: its start() waits ~1 ms
+        _thread.start_new_thread(self._finish_quietly, ())  # not threading.Thread: its start() waits ~1 ms
+
+    def _finish_quietly(self) -> None:
+        try:
+            self.finish()
+        except Exception:  # nobody waits for this thread: log rather than print to stderr
+            log.exception("reaping a sandbox failed")
 
     def _has_exited(self) -> bool:
         return self._exited or (self._pidfd is None and self.proc.poll() is not None)
