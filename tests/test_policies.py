@@ -239,3 +239,23 @@ def test_every_policy_has_a_yaml_and_typos_fail():
         parse_policy({"type": "dump", "temprature": 0.1})
     with pytest.raises(Exception):
         parse_policy({"type": "dumb"})
+
+
+def test_groups_compose_with_hydra(tmp_path):
+    """conf/policy, conf/difficulty and conf/store compose under their keys, with overrides."""
+    from hydra import compose, initialize_config_dir
+
+    from curriculum.config import CurriculumConfig
+
+    (tmp_path / "curriculum.yaml").write_text(
+        "defaults:\n  - policy: learnability\n  - difficulty: threshold\n  - store: sqlite\n  - _self_\n"
+        f"hydra:\n  searchpath:\n    - file://{CONF}\n")
+    with initialize_config_dir(str(tmp_path), version_base=None):
+        for kind in sorted(POLICIES):
+            cfg = compose("curriculum", overrides=[f"policy={kind}", "policy.floor=0.2", "difficulty=target"])
+            parsed = CurriculumConfig.model_validate(OmegaConf.to_container(cfg, resolve=True))
+            assert parsed.policy.type == kind and parsed.policy.floor == 0.2
+            assert parsed.difficulty.type == "target" and parsed.store.url is None
+        typo = compose("curriculum", overrides=["+policy.temprature=0.3"])
+        with pytest.raises(Exception, match="temprature"):
+            CurriculumConfig.model_validate(OmegaConf.to_container(typo, resolve=True))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import numpy as np
@@ -11,12 +12,13 @@ from curriculum.config import parse_difficulty, parse_policy
 from curriculum.policies import POLICIES
 from curriculum.scheduler import Scheduler, allocate, next_credit
 from curriculum.signals import Signals
-from curriculum.store import StatsStore
+from curriculum.store import Base, StatsStore, make_engine
 from curriculum.types import Outcome, Plan
 
 DOMAINS = {"arithmetic": (1, 2, 3), "fractions": (1, 2, 3), "code": (1, 2), "tools": (1,)}
 SKILL = {"arithmetic": 0.9, "fractions": 0.5, "code": 0.2, "tools": 0.0}
 GROUP = 4
+PG_URL = os.environ.get("PALESTRA_TEST_PG_URL")
 
 
 def scheduler(kind="learnability", store=None, run_id=None, seed=0, prompts=12, difficulty=None, **options):
@@ -113,9 +115,20 @@ def test_state_round_trip_continues_identically(kind):
                                                drive(restored, range(10, 20), seed=9)))
 
 
+@pytest.fixture(params=["sqlite"] + (["postgresql"] if PG_URL else []))
+def store_url(request, tmp_path) -> str:
+    """SQLite in tmp_path; also PostgreSQL when PALESTRA_TEST_PG_URL is set (emptied first)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'p.db'}"
+    engine = make_engine(PG_URL)
+    Base.metadata.drop_all(engine)
+    engine.dispose()
+    return PG_URL
+
+
 @pytest.mark.parametrize("kind", sorted(POLICIES))
-def test_rebuild_from_store_equals_live_state(kind, tmp_path):
-    store = StatsStore(f"sqlite:///{tmp_path / 'p.db'}")
+def test_rebuild_from_store_equals_live_state(kind, store_url):
+    store = StatsStore(store_url)
     live = scheduler(kind, store=store, seed=4, smoothing=0.1)
     drive(live, range(15), seed=3)
     rebuilt = scheduler(kind, store=store, run_id=live.run_id, seed=4, smoothing=0.1)
