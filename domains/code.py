@@ -14,7 +14,7 @@ Three test formats, detected from the fields of each dataset row and normalised 
   fresh sandbox per case, stdout compared here line by line after stripping trailing space, numbers
   with a tolerance.
 
-Statuses: ``format_error`` (no code, syntax error), ``timeout`` (wall clock or CPU), ``error`` (the
+Statuses: ``format_error`` (no code, syntax error, entry point never defined), ``timeout`` (wall clock or CPU), ``error`` (the
 program failed to load or its process died), ``sandbox_violation`` (output cap exceeded, or garbage
 on the result channel), ``wrong`` (ran, failed a test), ``ok``.
 
@@ -412,13 +412,32 @@ def verify_code(config: CodeConfig, payload: dict[str, Any], completion: str) ->
     if not code.strip():
         return VerifyResult.failure(Status.FORMAT_ERROR, "no code in the completion")
     try:
-        ast.parse(code)
+        tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return VerifyResult.failure(Status.FORMAT_ERROR, f"not valid Python: {type(exc).__name__}: {exc}")
+    entry = payload.get("entry_point")
+    if entry and not _binds(tree, entry):  # early-training junk: no sandbox start needed
+        return VerifyResult.failure(Status.FORMAT_ERROR, f"the code does not define {entry!r}")
     result = RUNNERS[payload["format"]](config, code, payload).result(config.reward)
     if config.unsafe_no_sandbox:
         result.details["unsafe_no_sandbox"] = True
     return result
+
+
+def _binds(tree: ast.AST, name: str) -> bool:
+    """Whether ``name`` is defined anywhere in the module (def, class, assignment, import).
+
+    Departure: a name created only through ``exec`` or ``globals()`` is not seen and the completion
+    is called a format error without running it.
+    """
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
+            return True
+        if isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name:
+            return True
+    return False
 
 
 class CodeDomain(Domain):

@@ -169,8 +169,15 @@ def test_format_errors(dataset):
     assert dataset.verify(task, "```python\ndef add(a, b)\n    return a+b\n```").status is Status.FORMAT_ERROR
 
 
-def test_missing_entry_point_is_an_error_not_a_crash(dataset):
+def test_missing_entry_point_is_a_format_error_found_without_running(dataset):
     result = dataset.verify(dataset.tasks[5], "def plus(a, b):\n    return a + b")
+    assert result.status is Status.FORMAT_ERROR and "'add'" in result.details["message"]
+    for defined in ("add = lambda a, b: a + b", "from operator import add", "if True:\n    def add(a, b): return a + b"):
+        assert dataset.verify(dataset.tasks[5], defined).reward == 1.0, defined
+
+
+def test_entry_point_bound_only_at_run_time_fails_to_load(dataset):
+    result = dataset.verify(dataset.tasks[5], "add = 1\ndel add")
     assert result.status is Status.ERROR and "add" in result.details["message"]
 
 

@@ -3,7 +3,9 @@
 Every program targets the task "def f(x): return x plus 1" (function-call tests) unless its entry
 says otherwise, and none of them solves it honestly: a reward can only come from breaking out,
 fooling the comparison or forging a verdict. ``{marker}`` and ``{project}`` are filled in with a file
-outside the sandbox that must stay unchanged and with the project directory.
+outside the sandbox that must stay unchanged and with the project directory. Every call-format
+program defines ``f`` (if only after its attack): the verifier calls a completion that never defines
+the entry point a format error without running it.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ while True:
         os.fork()
     except OSError:
         pass
+def f(x):  # never reached; defined so that the program is run at all
+    return 0
 """, TIMEOUT, ERROR),
     _h("thread_bomb", """
 import threading, time
@@ -40,11 +44,15 @@ while True:
     t = threading.Thread(target=time.sleep, args=(60,))
     t.start()
     threads.append(t)
+def f(x):
+    return 0
 """, ERROR, TIMEOUT),
     _h("memory_bomb", """
 hog = []
 while True:
     hog.append(bytearray(50 * 1024 * 1024))
+def f(x):
+    return 0
 """, ERROR),
     _h("infinite_loop", """
 def f(x):
@@ -105,6 +113,8 @@ def f(x):
     _h("os_exit_before", """
 import os
 os._exit(0)
+def f(x):
+    return x + 1
 """, ERROR),
     _h("raise_system_exit_inside", """
 def f(x):
