@@ -449,13 +449,15 @@ def aggregate_outcomes(outcomes: "Iterable[Outcome]") -> list[dict]:
     return list(cells.values())
 
 
-def _plain(values: dict) -> dict:
-    """JSON-safe copy of a metrics dict (numpy scalars and tensors' .item() become floats)."""
-    out = {}
-    for key, value in values.items():
-        if hasattr(value, "item"):
-            value = value.item()
-        if isinstance(value, float) and not math.isfinite(value):
-            value = None  # PostgreSQL's JSON has no NaN or infinity
-        out[str(key)] = value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
-    return out
+def _plain(value: Any) -> Any:
+    """JSON-safe copy of a metrics value: nested dicts and lists kept, numpy scalars and 0-d
+    tensors (anything with ``.item()``) unwrapped, NaN/inf as null, anything else as its str."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "size", 1) == 1:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # PostgreSQL's JSON has no NaN or infinity
+    return value if isinstance(value, (int, float, str, bool, type(None))) else str(value)

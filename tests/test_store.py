@@ -68,7 +68,8 @@ def test_run_lifecycle(store):
 
 def test_write_step_round_trips_results_and_aggregates(store):
     run_id = store.start_run("demo", {}, seed=0)
-    store.write_step(run_id, 3, _plan(3), _outcomes(3), {"loss": 1.25, "bad": float("nan")})
+    metrics = {"loss": np.float32(1.25), "bad": float("nan"), "per_domain": {"math": np.float64(0.5)}}
+    store.write_step(run_id, 3, _plan(3), _outcomes(3), metrics)
     results = store.results(run_id, step=3)
     assert len(results) == 6 and store.count_results(run_id) == 6
     first = results[0]
@@ -86,8 +87,9 @@ def test_write_step_round_trips_results_and_aggregates(store):
     assert plans["math"]["weight"] == pytest.approx(0.75)
     [vec] = store.plan_vectors(run_id)
     assert vec["domains"] == ["math", "code"] and vec["weights"] == [0.75, 0.25] and vec["levels"] == [1, 2]
-    [metrics] = store.metrics(run_id)
-    assert metrics["loss"] == 1.25 and metrics["bad"] is None  # NaN is stored as null (portable JSON)
+    [stored] = store.metrics(run_id)
+    assert stored["loss"] == 1.25 and stored["bad"] is None  # NaN is stored as null (portable JSON)
+    assert stored["per_domain"] == {"math": 0.5}
 
 
 def test_rewriting_a_step_replaces_it(store):
