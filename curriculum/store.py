@@ -5,6 +5,11 @@ aggregates per (domain, level), the plan of every step, the trainer's scalar met
 themselves. The SQL is portable (no SQLite-only features) so the same code runs on PostgreSQL
 (``postgresql+psycopg://...``) for sweeps that write from many machines.
 
+Tables: runs; results (one row per completion, the completion zlib-compressed); step_stats (per
+step and (domain, level)); plans (per step, one row per domain that got prompts); plan_vectors (per
+step, the full weight and level vectors as JSON lists — a row per domain per step would dominate
+the write at a thousand domains); metrics (per step, JSON); meta (schema_version).
+
 Writes are batched: ``write_step`` is one transaction per step, and it replaces whatever that
 (run, step) held before (delete, then insert), so a resumed run that replays a step never counts
 it twice.
