@@ -1,0 +1,90 @@
+"""The palestra CLI: runs, stats, domains, sample and verify, as a user would call them."""
+import json
+
+import pytest
+
+from curriculum.cli import main
+from curriculum.config import parse_difficulty, parse_policy
+from curriculum.scheduler import Scheduler
+from curriculum.store import StatsStore
+from curriculum.types import Outcome
+
+
+@pytest.fixture()
+def store_url(tmp_path):
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    with StatsStore(url) as store:
+        run_id = store.start_run("demo", {"x": 1}, seed=5)
+        scheduler = Scheduler({"arithmetic": (1, 2), "fractions": (1, 2)}, parse_policy({"type": "uniform"}),
+                              parse_difficulty({"type": "fixed"}), prompts_per_step=2, seed=5, store=store,
+                              run_id=run_id)
+        for step in (1, 2):
+            plan = scheduler.plan(step)
+            outcomes = [Outcome(domain=d, level=lv, task_id=f"{d}{step}{g}", group=i, reward=float(g == 0),
+                                correct=g == 0, status="ok" if g == 0 else "wrong")
+                        for i, ((d, lv), n) in enumerate(plan.counts.items()) for _ in range(n) for g in range(2)]
+            scheduler.record(step, outcomes)
+        store.finish_run(run_id)
+    return url, run_id
+
+
+def test_runs_lists_the_run(store_url, capsys):
+    url, run_id = store_url
+    assert main(["runs", "--db", url, "--json"]) == 0
+    [run] = json.loads(capsys.readouterr().out)
+    assert (run["id"], run["name"], run["status"], run["steps"]) == (run_id, "demo", "finished", 2)
+    assert main(["runs", "--db", url]) == 0
+    assert run_id in capsys.readouterr().out
+
+
+def test_stats_per_domain(store_url, capsys):
+    url, run_id = store_url
+    assert main(["stats", "--db", url, "--run", run_id[:8], "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["domain"]: r for r in report["domains"]}
+    assert set(rows) == {"arithmetic", "fractions"}
+    assert sum(r["attempts"] for r in rows.values()) == 2 * 2 * 2  # steps x prompts x group
+    assert all(r["success_rate"] == 0.5 for r in rows.values() if r["attempts"])
+    assert all(r["weight"] == pytest.approx(0.5) and r["level"] == 1 for r in rows.values())
+
+
+def test_stats_unknown_run_is_a_clear_error(store_url, capsys):
+    url, _ = store_url
+    assert main(["stats", "--db", url, "--run", "nope"]) == 2
+    assert "matches 0 runs" in capsys.readouterr().err
+
+
+def test_domains_lists_builtins(capsys):
+    assert main(["domains", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["arithmetic"]["levels"] == [1, 2, 3, 4, 5]
+    assert {"fractions", "linear_equations"} <= set(rows)
+
+
+def test_sample_then_verify_round_trip(tmp_path, capsys):
+    assert main(["sample", "--domain", "fractions", "--level", "3", "-n", "4", "--json"]) == 0
+    samples = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(samples) == 4 and all(s["reference"].startswith("\\boxed{") for s in samples)
+    lines = []
+    for s in samples:
+        lines.append({"task": s["task"], "completion": s["reference"]})
+        lines.append({"task": s["task"], "completion": "\\boxed{12345}"})
+    lines.append({"task": samples[0]["task"], "completion": "no answer here"})
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    assert main(["verify", "--domain", "fractions", "--input", str(path)]) == 0
+    results = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["correct"] for r in results] == [True, False] * 4 + [False]
+    assert results[-1]["status"] == "format_error"
+
+
+def test_unknown_domain_suggests(capsys):
+    assert main(["sample", "--domain", "fractons", "--level", "1"]) == 2
+    assert "did you mean 'fractions'" in capsys.readouterr().err
+
+
+def test_malformed_verify_input_names_the_line(tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"task": {}, "completion": "x"}\nnot json\n')
+    assert main(["verify", "--domain", "arithmetic", "--input", str(path)]) == 2
+    assert "bad.jsonl:1" in capsys.readouterr().err
