@@ -179,11 +179,12 @@ def test_pinned_shares_warmup_and_smoothing():
     s = Signals(domains)
     policy = make("fixed", domains, weights={"code": 1.0}, default=0.0, pinned={"tools": 0.2},
                   warmup_steps=2, smoothing=0.5)
-    feed(s, 0, [8, 8, 8], [4, 4, 4])
     w0 = run(policy, s, 0)  # warm-up: uniform over the unpinned domains, tools pinned at 0.2
     assert np.allclose(w0, [0.4, 0.4, 0.2])
-    w1 = run(policy, s, 1)
+    feed(s, 0, [8, 8, 8], [4, 4, 4])
+    w1 = run(policy, s, 1)  # one step recorded: still warming up
     assert np.allclose(w1, w0)
+    feed(s, 1, [8, 8, 8], [4, 4, 4])
     w2 = run(policy, s, 2)  # after warm-up: raw [0, 0.8, 0.2], half of the previous weights kept
     assert np.allclose(w2, 0.5 * w1 + 0.5 * np.array([0.0, 0.8, 0.2]))
     with pytest.raises(ValueError, match="did you mean 'tools'"):

@@ -80,7 +80,7 @@ class MixingPolicy:
 class Wrapped(MixingPolicy):
     """Any policy plus warm-up, pinned shares, a floor, a cap and smoothing.
 
-    Order: the inner weights (uniform during the first ``warmup_steps`` steps) → pinned domains
+    Order: the inner weights (uniform until ``warmup_steps`` steps have been recorded) → pinned domains
     get exactly their share and the rest is renormalised to what remains → every other domain
     gets at least ``floor / D`` → no domain gets more than ``cap`` (the excess is spread over the
     others in proportion to their weights) → an EMA with the previous step's weights
@@ -114,7 +114,9 @@ class Wrapped(MixingPolicy):
             raise ValueError(f"cap {self.cap} is below the share each of {n_free} domains must take")
 
     def weights(self, signals: Signals, step: int) -> np.ndarray:
-        raw = self.inner.weights(signals, step) if step >= self.warmup_steps else np.ones(self.n)
+        # Warm-up counts recorded steps, not step numbers, so it does not depend on where they start.
+        warm = signals.steps_seen >= self.warmup_steps
+        raw = self.inner.weights(signals, step) if warm else np.ones(self.n)
         w = self.constrain(raw)
         if self.prev is not None and self.smoothing > 0:
             w = self.smoothing * self.prev + (1.0 - self.smoothing) * w
