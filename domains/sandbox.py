@@ -86,10 +86,11 @@ class SandboxResult:
     timed_out: bool = False  # wall clock or CPU limit
     wall_s: float = 0.0
     signal: int | None = None
+    answers_truncated: bool = False  # the result channel overflowed (16 MiB or the output cap)
 
     @property
     def output_limited(self) -> bool:
-        return self.stdout_truncated or self.stderr_truncated
+        return self.stdout_truncated or self.stderr_truncated or self.answers_truncated
 
 
 # The trusted program that runs first inside the sandbox. argv: request fd, response fd, rlimits.
@@ -379,7 +380,7 @@ class SandboxProcess:
             for fd in (req_r, resp_w, info_w):
                 os.close(fd)
         self._req = req_w
-        self._resp = _Stream(resp_r, 64 * MiB)
+        self._resp = _Stream(resp_r, max(16 * MiB, self.config.output_bytes))  # answers can be big
         self._info = _Stream(-1 if unsafe else info_r, 4096, closed=unsafe)
         if unsafe:
             os.close(info_r)
@@ -465,7 +466,7 @@ class SandboxProcess:
             self._req_registered = False
 
     def _over_limit(self) -> bool:
-        return self._out.truncated or self._err.truncated
+        return self._out.truncated or self._err.truncated or self._resp.truncated
 
     def _all_closed(self) -> bool:
         return self._resp.closed and self._out.closed and self._err.closed
@@ -600,6 +601,7 @@ class SandboxProcess:
         return SandboxResult(
             returncode=code, stdout=bytes(self._out.data), stderr=bytes(self._err.data),
             stdout_truncated=self._out.truncated, stderr_truncated=self._err.truncated,
+            answers_truncated=self._resp.truncated,
             timed_out=self.timed_out or cpu_killed, wall_s=time.monotonic() - self.start, signal=sig,
         )
 

@@ -180,6 +180,14 @@ def f(x):
     os.write(fd, ('{{"n": "%s", "i": 99, "v": 0}}\\n' % nonce).encode())
     return 0
 """, VIOLATION, WRONG),
+    _h("flood_result_channel", """
+import os, sys
+fd = sys._getframe(1).f_locals["resp_fd"]
+def f(x):
+    for _ in range(40):
+        os.write(fd, b"7" * (1 << 20))
+    return x + 1
+""", VIOLATION),
     _h("kill_parent", """
 import os, signal
 def f(x):
