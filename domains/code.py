@@ -232,10 +232,10 @@ def _start(config: CodeConfig, code: str, entry: str, outcome: _Outcome) -> _Cal
     if caller.ready:
         return caller
     if caller.forged:
-        caller.proc.finish()
+        caller.proc.release()
         outcome.fail(None, "garbage on the result channel", Status.SANDBOX_VIOLATION)
     elif caller.load_error is not None:
-        caller.proc.finish()
+        caller.proc.release()  # e.g. lingering threads: reaped in the background, killed at the deadline
         outcome.fail(None, f"program failed to load: {caller.load_error}", Status.ERROR)
     else:
         _process_failure(caller.proc, outcome, None)
