@@ -24,11 +24,12 @@ system-deps:
 train: $(BIN)/.installed system-deps
 	$(BIN)/palestra-train $(ARGS)
 
+# The store tests also run against a throwaway PostgreSQL server when one can be started.
 test: $(BIN)/.installed system-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	PALESTRA_TEST_PG_URL=$$(bash scripts/pg-test-server.sh) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-all: $(BIN)/.installed system-deps
-	$(BIN)/python -m pytest --runslow $(PYTEST_ARGS)
+	PALESTRA_TEST_PG_URL=$$(bash scripts/pg-test-server.sh) $(BIN)/python -m pytest --runslow $(PYTEST_ARGS)
 
 bench: $(BIN)/.installed system-deps
 	$(BIN)/pip install -q $(FIND_LINKS) -e ".[test,bench]"
