@@ -22,8 +22,9 @@ Limits (``sandbox:`` options) apply per sandboxed process: to a whole task for `
 ``humaneval`` (one process answers every call), to each case for ``stdio``. Sandboxed code sees the
 standard library only (the interpreter runs with ``-S -I``: no site-packages).
 
-Departures from the published harnesses: HumanEval's ``check`` counts as one test (its asserts are
-not split); a HumanEval check that tests a result with ``is True`` or ``isinstance(..., bool)`` fails,
+Departures from the published harnesses: every ``assert`` that HumanEval's ``check`` reaches counts as
+one test (so passed/total and the pass fraction are meaningful; in all-pass mode check stops at the
+first failure); a HumanEval check that tests a result with ``is True`` or ``isinstance(..., bool)`` fails,
 the price of keeping ``True`` distinct from ``1``.
 """
 from __future__ import annotations
@@ -320,12 +321,36 @@ def _strict(value: Any) -> Any:
     return value
 
 
+class _StopCheck(BaseException):
+    """First failed assert in all-pass mode: the rest of check() cannot change the reward."""
+
+
+class _AssertsToRecords(ast.NodeTransformer):
+    """``assert test, msg`` → ``__record__(lambda: test)``: every assert check() reaches is one test
+    case, so passed/total (and the pass-fraction reward) mean something for HumanEval too."""
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        no_args = ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[],
+                                kwarg=None, defaults=[])
+        call = ast.Call(ast.Name("__record__", ast.Load()), [ast.Lambda(no_args, node.test)], [])
+        return ast.copy_location(ast.Expr(call), node)
+
+
+def _instrumented_check(test_code: str) -> Any:
+    tree = ast.fix_missing_locations(_AssertsToRecords().visit(ast.parse(test_code)))
+    return compile(tree, "<check>", "exec")
+
+
 def run_humaneval(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Outcome:
     outcome = _Outcome(1)
     caller = _start(config, code, payload["entry_point"], outcome)
     if caller is None:
         return outcome
+    outcome.total = 0
     last_args: list[Any] = []
+
+    def last_input() -> Any:
+        return last_args[0] if last_args else None
 
     def candidate(*args: Any) -> Any:
         last_args[:] = [args]
@@ -336,23 +361,40 @@ def run_humaneval(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Ou
             raise RuntimeError(f"candidate raised {value}")
         raise _Abort(kind)
 
-    namespace: dict[str, Any] = {"__name__": "__check__"}
+    def record(test: Any) -> None:
+        outcome.total += 1
+        try:
+            ok, why = bool(test()), "assertion failed"
+        except Exception as exc:  # the candidate raised, or returned something check() chokes on
+            ok, why = False, f"{type(exc).__name__}: {exc}"
+        if ok:
+            outcome.passed += 1
+            return
+        outcome.fail(last_input(), why)
+        if config.reward == "all_pass":
+            raise _StopCheck
+
+    namespace: dict[str, Any] = {"__name__": "__check__", "__record__": record}
     try:
         _run_trusted(payload.get("prompt_code", ""), namespace)  # helpers check() may call
-        exec(compile(payload["test"], "<check>", "exec"), namespace)
+        exec(_instrumented_check(payload["test"]), namespace)
         namespace["check"](candidate)
-        outcome.passed = 1
+    except _StopCheck:
+        pass
     except _Abort as abort:
-        case_input = last_args[0] if last_args else None
+        outcome.total += 1
         if str(abort) == "dead":
-            _process_failure(caller.proc, outcome, case_input)
+            _process_failure(caller.proc, outcome, last_input())
             return outcome
         if str(abort) == "unsendable":
-            outcome.fail(case_input, "check() passed arguments that are not plain data", Status.ERROR)
+            outcome.fail(last_input(), "check() passed arguments that are not plain data", Status.ERROR)
         else:
-            outcome.fail(case_input, "garbage on the result channel", Status.SANDBOX_VIOLATION)
-    except Exception as exc:  # AssertionError, or the candidate's own exception
-        outcome.fail(last_args[0] if last_args else None, f"{type(exc).__name__}: {exc}")
+            outcome.fail(last_input(), "garbage on the result channel", Status.SANDBOX_VIOLATION)
+    except Exception as exc:  # outside any assert: e.g. ``solution = candidate(...)`` raised
+        outcome.total += 1
+        outcome.fail(last_input(), f"{type(exc).__name__}: {exc}")
+    if outcome.total == 0:  # a check() without asserts that ran through: one passed test
+        outcome.total = outcome.passed = 1
     caller.proc.release()
     return outcome
 

@@ -149,6 +149,19 @@ def test_humaneval_accepts_a_full_function_in_a_fence(dataset):
     assert dataset.verify(task, full).reward == 1.0
 
 
+def test_humaneval_counts_every_assert_check_reaches(dataset):
+    loop = dataset.verify(dataset.tasks[1], HUMANEVAL_ROWS[1]["canonical_solution"])
+    assert (loop.reward, loop.details["passed"], loop.details["total"]) == (1.0, 20, 20)
+    fraction = dataset.configure({"reward": "fraction"})
+    # right for [] and [2] but not for [1, 2, 4] (product 1 instead of 8): 2 of 3 asserts
+    result = fraction.verify(dataset.tasks[2], "    return sum(numbers), 1\n")
+    assert (result.details["passed"], result.details["total"]) == (2, 3)
+    assert result.reward == pytest.approx(2 / 3) and result.status is Status.WRONG
+    assert result.details["first_failure"]["input"] == "([1, 2, 4],)"
+    stop_early = dataset.verify(dataset.tasks[2], "    return sum(numbers), 1\n")  # all-pass mode
+    assert (stop_early.reward, stop_early.details["passed"], stop_early.details["total"]) == (0.0, 1, 2)
+
+
 def test_first_failure_shows_the_input_but_never_the_expected_value(dataset):
     task = dataset.tasks[5]  # add(a, b) → a + b
     result = dataset.verify(task, "def add(a, b):\n    return 999")
