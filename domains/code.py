@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from domains.api import Domain, DomainConfig, Status, Task, VerifyResult, user_prompt
 from domains.sandbox import (
@@ -57,6 +57,15 @@ class CodeConfig(DomainConfig):
     reward: Literal["all_pass", "fraction"] = "all_pass"
     max_tests: int | None = Field(None, ge=1)  # run at most this many cases per task
     unsafe_no_sandbox: bool = False  # run code WITHOUT isolation (warned about on every call)
+
+    @model_validator(mode="after")
+    def _sandbox_ends_first(self) -> "CodeConfig":
+        # The pool kills a worker at verify_timeout_s; the sandbox's own clock must act well before,
+        # so that every sandbox is killed and reaped by us rather than orphaned.
+        if self.sandbox.wall_timeout_s + 1.0 >= self.verify_timeout_s:
+            raise ValueError(f"sandbox.wall_timeout_s ({self.sandbox.wall_timeout_s:g}) must be at least 1 s "
+                             f"below verify_timeout_s ({self.verify_timeout_s:g})")
+        return self
 
 
 # -- completion → program -------------------------------------------------------------------------

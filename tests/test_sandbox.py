@@ -136,6 +136,8 @@ def test_config_rejects_unknown_and_silly_limits():
     with pytest.raises(ValidationError):
         SandboxConfig(memory_mb=1)
     assert CodeConfig(sandbox={"cpu_s": 3}).sandbox.cpu_s == 3
+    with pytest.raises(ValidationError, match="below verify_timeout_s"):
+        CodeConfig(sandbox={"wall_timeout_s": 30}, verify_timeout_s=20)
 
 
 # -- value transport ------------------------------------------------------------------------------
