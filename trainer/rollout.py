@@ -68,23 +68,33 @@ def generate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    stop: list[int] | None = None,
 ) -> Rollout:
+    """Sample until EOS, the ``stop`` token sequence (e.g. a closing tool-call tag) or the budget."""
     device = next(model.parameters()).device
-    ids, mask = left_pad(prompts, pad_id)
-    ids, mask = ids.to(device), mask.to(device)
-    prompt_mask = mask
+    ids, prompt_mask = left_pad(prompts, pad_id)
+    ids, prompt_mask = ids.to(device), prompt_mask.to(device)
+    mask = prompt_mask
     batch = ids.shape[0]
     cache = {_cache_keyword(model): DynamicCache()}
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True, **cache)
     logits = out.logits[:, -1, :]
     next_pos = positions(mask)[:, -1] + 1  # [B]
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
+    stop_ids = torch.tensor(stop, device=device) if stop else None
     generated: list[torch.Tensor] = []
-    for _ in range(max_new_tokens):
+    for t in range(max_new_tokens):
         token = sample_next(logits, temperature, top_p, generator)
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         generated.append(token)
-        finished |= token == eos_id
+        ends = token == eos_id
+        if stop_ids is not None and len(generated) >= len(stop_ids):
+            tail = torch.stack(generated[-len(stop_ids):], dim=1)  # [B, S]
+            ends |= (tail == stop_ids).all(dim=1)
+        newly = ends & ~finished
+        lengths = torch.where(newly, torch.full_like(lengths, t + 1), lengths)
+        finished |= newly
         if bool(finished.all()) or len(generated) == max_new_tokens:
             break
         mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
@@ -93,7 +103,7 @@ def generate(
         logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     completion = torch.stack(generated, dim=1)  # [B, L]
-    return _assemble(ids, prompt_mask, completion, eos_id)
+    return assemble(ids, prompt_mask, completion, lengths.clamp(max=completion.shape[1]), finished, eos_id)
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:
@@ -101,21 +111,21 @@ def _cache_keyword(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _assemble(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion: torch.Tensor, eos_id: int) -> Rollout:
-    is_eos = completion == eos_id
-    # a token counts while no EOS came strictly before it (the EOS itself counts: it is a choice)
-    eos_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
-    completion_mask = (~eos_before).long()
-    truncated = ~is_eos.any(dim=1)
+def assemble(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion: torch.Tensor, lengths: torch.Tensor,
+             ended: torch.Tensor, eos_id: int) -> Rollout:
+    """Package sampled tokens: the first ``lengths[b]`` tokens of row b count (EOS included —
+    ending is a choice the policy made); rows that never ``ended`` are truncated."""
+    width = completion.shape[1]
+    completion_mask = (torch.arange(width, device=completion.device).unsqueeze(0) < lengths.unsqueeze(1)).long()
     attention = torch.cat([prompt_mask, torch.ones_like(completion)], dim=1)
-    texts = [
-        [t for t, keep, eos in zip(row.tolist(), m.tolist(), e.tolist()) if keep and not eos]
-        for row, m, e in zip(completion, completion_mask, is_eos)
+    token_lists = [
+        [tok for tok in row[:n] if tok != eos_id]
+        for row, n in zip(completion.tolist(), lengths.tolist())
     ]
     return Rollout(
         sequences=torch.cat([prompt_ids, completion], dim=1), attention_mask=attention,
-        completion_mask=completion_mask, prompt_width=prompt_ids.shape[1], truncated=truncated,
-        completion_ids=texts,
+        completion_mask=completion_mask, prompt_width=prompt_ids.shape[1], truncated=~ended,
+        completion_ids=token_lists,
     )
 
 
