@@ -20,10 +20,10 @@ measures mastery of the family, not generalisation to unseen specs.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Literal
 
 from domains.api import Task, user_prompt
-from domains.code import CodeDomain
+from domains.code import CodeConfig, CodeDomain
 
 Template = tuple[str, str]  # (words after "return", Python expression)
 
@@ -53,9 +53,17 @@ LIST_TEMPLATES: dict[int, tuple[Template, ...]] = {
 N_CASES = 6
 
 
+class CodeGenConfig(CodeConfig):
+    # "function": the model writes ``def f(x):\n return x+3`` (references up to ~42 characters).
+    # "expression": the model writes only ``x+3`` (up to ~24): the verifier puts ``def f(x):\n
+    # return `` in front, HumanEval's prompt-prepending convention. For small generation budgets.
+    completion: Literal["function", "expression"] = "function"
+
+
 class _ProceduralCodeDomain(CodeDomain):
     """One family: templates per level, an argument name and an argument generator."""
 
+    Config = CodeGenConfig
     levels = (1, 2, 3, 4, 5)
     arg = "x"
     templates: dict[int, tuple[Template, ...]] = {}
@@ -77,8 +85,10 @@ class _ProceduralCodeDomain(CodeDomain):
             cases = [{"args": [a], "expected": fn(a)} for a in self._telling_args(fn, rng)]
             if len({repr(c["expected"]) for c in cases}) > 1:
                 break
-        reference = f"def f({self.arg}):\n return {expr}"
-        payload = {"format": "call", "entry_point": "f", "cases": cases, "reference": reference}
+        head = f"def f({self.arg}):\n return "
+        payload = {"format": "call", "entry_point": "f", "cases": cases, "reference": head + expr}
+        if self.config.completion == "expression":
+            payload.update(reference=expr, prompt_code=head)
         prompt = user_prompt(f"def f({self.arg}): return {words}")
         return Task(domain=self.name, level=level, prompt=prompt, payload=payload, meta={"spec": words})
 

@@ -267,6 +267,19 @@ def test_procedural_references_pass_and_constants_fail(cls, templates):
             assert domain.verify(task, f"def f({domain.arg}):\n return 0").reward == 0.0, task.prompt
 
 
+@pytest.mark.parametrize("cls", [IntFunctionsDomain, ListFunctionsDomain], ids=["code_functions", "code_lists"])
+def test_expression_completions_for_small_generation_budgets(cls):
+    domain = cls().configure({**FAST, "completion": "expression"})
+    rng = random.Random(3)
+    for level in domain.levels:
+        for task in domain.sample(level, 10, rng):
+            reference = domain.reference(task)
+            assert "def" not in reference and len(reference) <= 24
+        assert domain.verify(task, reference).reward == 1.0, task.prompt
+        full = f"def f({domain.arg}):\n return {reference}"  # a whole function still counts
+        assert domain.verify(task, full).reward == 1.0
+
+
 def test_procedural_sampling_is_deterministic_and_picklable():
     domain = IntFunctionsDomain().configure(FAST)
     a = [t.id for t in domain.sample(3, 5, random.Random(7))]
