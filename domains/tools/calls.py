@@ -125,12 +125,12 @@ def _call_blocks(text: str) -> tuple[list[str], str]:
     return bodies, "".join(outside)
 
 
-def parse_turn(text: str, max_calls: int = 8) -> ParsedTurn:
+def parse_turn(text: str, max_calls: int = 8, max_call_chars: int = MAX_CALL_CHARS) -> ParsedTurn:
     """All calls in one assistant turn; raises CallFormatError if any of them cannot be read."""
     bodies, outside = _call_blocks(text)
     if len(bodies) > max_calls:
         raise CallFormatError(f"more than {max_calls} tool calls in one turn")
-    return ParsedTurn([call_from_json(loads_strict(body.strip())) for body in bodies], outside)
+    return ParsedTurn([call_from_json(loads_strict(body.strip(), max_call_chars)) for body in bodies], outside)
 
 
 def render_call(name: str, **arguments: Any) -> str:
