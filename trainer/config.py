@@ -46,7 +46,8 @@ class TrainerConfig(Strict):
     lr: float = Field(1e-4, gt=0)
     warmup_steps: int = Field(5, ge=0)
     weight_decay: float = Field(0.0, ge=0)
-    max_new_tokens: int = Field(24, gt=0)
+    max_new_tokens: int = Field(24, gt=0)  # per completion; per assistant turn in tool episodes
+    max_episode_tokens: int = Field(256, gt=0)  # all turns of a tool episode, tool responses included
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     eps_low: float = Field(0.2, ge=0, lt=1)
@@ -55,7 +56,7 @@ class TrainerConfig(Strict):
     mu: int = Field(1, ge=1)  # inner optimisation passes over each batch of rollouts
     advantage_std: Literal["group", "batch", "none"] = "group"
     aggregation: Literal["seq_mean", "token_mean", "constant"] = "token_mean"
-    mask_truncated: bool = True  # truncated completions contribute no loss
+    mask_truncated: bool = False  # True: truncated completions contribute no loss (DAPO overlong filter)
     dynamic_sampling: bool = False  # drop groups whose rewards all agree and refill (DAPO)
     max_refill_rounds: int = Field(2, ge=0)  # cap on extra generation for dynamic sampling
     micro_batch_size: int = Field(64, gt=0)  # sequences per forward/backward (grad accumulation)
@@ -73,6 +74,7 @@ class SFTConfig(Strict):
     lr: float = Field(3e-3, gt=0)
     batch_size: int = Field(64, gt=0)
     warmup_steps: int = Field(20, ge=0)
+    level_decay: float = Field(0.6, gt=0, le=1)  # share of level k+1 relative to level k (1 = even)
 
 
 class EvalConfig(Strict):

@@ -7,8 +7,7 @@ import torch
 
 from domains.api import Domain, Task
 from domains.pool import VerifierPool
-from trainer.models import encode_prompt
-from trainer.rollout import generate
+from trainer.episodes import sample_rows, split_by_kind
 
 
 def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list[Task]:
@@ -21,24 +20,22 @@ def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list
 
 def evaluate(
     model: torch.nn.Module, tokenizer, tasks: list[Task], pool: VerifierPool, *,
-    max_new_tokens: int, temperature: float = 0.0, batch_size: int = 64, seed: int = 0,
+    max_new_tokens: int, max_episode_tokens: int = 256, temperature: float = 0.0, batch_size: int = 64, seed: int = 0,
 ) -> dict[str, float]:
     """Success rate per domain (``eval/<domain>``), per level and the macro average."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    futures = []
+    futures, ordered = [], []
     model.eval()
-    for start in range(0, len(tasks), batch_size):
-        chunk = tasks[start:start + batch_size]
-        rollout = generate(
-            model, [encode_prompt(tokenizer, t.prompt) for t in chunk], max_new_tokens=max_new_tokens,
-            eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=temperature,
-            generator=generator,
-        )
-        texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=False)
-        futures += [pool.submit(task, text) for task, text in zip(chunk, texts)]
+    for kind in split_by_kind(tasks, pool.domains):
+        for start in range(0, len(kind), batch_size):
+            chunk = kind[start:start + batch_size]
+            _, texts = sample_rows(model, tokenizer, chunk, pool.domains, max_new_tokens=max_new_tokens,
+                                   max_episode_tokens=max_episode_tokens, temperature=temperature, generator=generator)
+            futures += [pool.submit(task, text) for task, text in zip(chunk, texts)]
+            ordered += chunk
     model.train()
     hits: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for task, future in zip(tasks, futures):
+    for task, future in zip(ordered, futures):
         hits[(task.domain, task.level)].append(float(future.result().result.correct))
     return summarise(hits)
 

@@ -30,8 +30,9 @@ from trainer.config import PalestraConfig
 from trainer.evaluate import evaluate, format_eval, heldout_tasks
 from trainer.losses import grpo_loss, group_advantages
 from trainer.metrics import MetricsLogger
-from trainer.models import encode_prompt, load_model, load_tokenizer, model_path, pick_device
-from trainer.rollout import generate, sequence_logprobs
+from trainer.models import load_model, load_tokenizer, model_path, pick_device
+from trainer.episodes import sample_rows, split_by_kind
+from trainer.rollout import sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss, warm_start
 from trainer.tasks import TaskSource
 
@@ -119,6 +120,7 @@ class GRPORecipe:
         assert self.pool is not None and self.logger is not None
         metrics = evaluate(
             self.model, self.tokenizer, self.heldout, self.pool, max_new_tokens=self.cfg.trainer.max_new_tokens,
+            max_episode_tokens=self.cfg.trainer.max_episode_tokens,
             temperature=self.cfg.eval.temperature, batch_size=self.cfg.trainer.rollout_batch_size, seed=self.cfg.eval.seed,
         )
         self.logger.log(step, metrics, phase="eval")
@@ -164,29 +166,30 @@ class GRPORecipe:
 
     def _collect(self, tasks: list[Task], timer: dict[str, float]) -> StepBatch:
         """Sample G completions per task in chunks; verification of one chunk overlaps the next."""
-        t, tok = self.cfg.trainer, self.tokenizer
+        t = self.cfg.trainer
         assert self.pool is not None
         per_chunk = max(1, t.rollout_batch_size // t.group_size)
         parts, futures = [], []
         start = time.perf_counter()
         self.model.eval()
-        for first in range(0, len(tasks), per_chunk):
-            chunk = tasks[first:first + per_chunk]
-            prompts = [encode_prompt(tok, task.prompt) for task in chunk for _ in range(t.group_size)]
-            with self._autocast():
-                rollout = generate(self.model, prompts, max_new_tokens=t.max_new_tokens, eos_id=tok.eos_token_id,
-                                   pad_id=tok.pad_token_id, temperature=t.temperature, top_p=t.top_p,
-                                   generator=self.generator)
-            texts = tok.batch_decode(rollout.completion_ids, skip_special_tokens=False)
-            futures.append([self.pool.submit(chunk[i // t.group_size], text) for i, text in enumerate(texts)])
-            parts.append(StepBatch(chunk, t.group_size, rollout, texts, []))
+        for kind in split_by_kind(tasks, self.domains):
+            for first in range(0, len(kind), per_chunk):
+                chunk = kind[first:first + per_chunk]
+                rows = [task for task in chunk for _ in range(t.group_size)]
+                with self._autocast():
+                    rollout, texts = sample_rows(
+                        self.model, self.tokenizer, rows, self.domains, max_new_tokens=t.max_new_tokens,
+                        max_episode_tokens=t.max_episode_tokens, temperature=t.temperature, top_p=t.top_p,
+                        generator=self.generator)
+                futures.append([self.pool.submit(task, text) for task, text in zip(rows, texts)])
+                parts.append(StepBatch(chunk, t.group_size, rollout, texts, []))
         self.model.train()
         timer["generate"] += time.perf_counter() - start
         start = time.perf_counter()
         for part, pending in zip(parts, futures):
             part.verdicts = [f.result() for f in pending]
         timer["verify_wait"] += time.perf_counter() - start
-        return concat(parts, tok.pad_token_id)
+        return concat(parts, self.tokenizer.pad_token_id)
 
     # -- update ---------------------------------------------------------------------------------------
     def _update(self, batch: StepBatch, advantages: torch.Tensor) -> dict[str, float]:

@@ -44,12 +44,13 @@ def load_model(path: str, device: torch.device) -> torch.nn.Module:
     return model.to(device)
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> list[int]:
-    """Chat messages -> prompt token ids ending where the assistant starts to speak."""
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+    """Chat messages -> token ids, by default ending where the assistant starts to speak."""
     if tokenizer.chat_template:
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
         return list(encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded)
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    # No template (a base model): a plain documented format.
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant: " if add_generation_prompt else "")
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

@@ -13,27 +13,42 @@ import torch
 
 from domains.api import Domain, Task
 from trainer.config import SFTConfig
+from trainer.episodes import is_multi_turn, transcript_tokens
 from trainer.models import encode_completion, encode_prompt
 from trainer.rollout import left_pad, positions
 
 
-def reference_pairs(tokenizer, tasks: list[Task], domains: dict[str, Domain]) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids + EOS) for each task that has a reference completion."""
-    pairs = []
+Example = tuple[list[int], list[int], list[int]]  # prompt ids, completion ids, loss mask over the completion
+
+
+def reference_pairs(tokenizer, tasks: list[Task], domains: dict[str, Domain]) -> list[Example]:
+    """(prompt, completion + EOS, loss mask) for each task that has a reference completion; tool
+    transcripts keep the tool responses in the sequence but out of the loss."""
+    examples = []
     for task in tasks:
-        reference = domains[task.domain].reference(task)
-        if reference is not None:
-            pairs.append((encode_prompt(tokenizer, task.prompt), encode_completion(tokenizer, reference)))
-    return pairs
+        domain = domains[task.domain]
+        reference = domain.reference(task)
+        if reference is None:
+            continue
+        if is_multi_turn(domain):
+            completion, mask = transcript_tokens(tokenizer, reference)
+        else:
+            completion = encode_completion(tokenizer, reference)
+            mask = [1] * len(completion)
+        examples.append((encode_prompt(tokenizer, task.prompt), completion, mask))
+    return examples
 
 
-def supervised_loss(model: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
-    """Mean cross-entropy over the completion tokens only (the prompt is context, not a target)."""
+def supervised_loss(model: torch.nn.Module, examples: list[Example], pad_id: int) -> torch.Tensor:
+    """Mean cross-entropy over the masked-in completion tokens (the prompt is context, not a target)."""
     device = next(model.parameters()).device
-    ids, mask = left_pad([p + c for p, c in pairs], pad_id)
+    ids, mask = left_pad([p + c for p, c, _ in examples], pad_id)
     targets = torch.full_like(ids, -100)
-    for row, (_, completion) in enumerate(pairs):
-        targets[row, ids.shape[1] - len(completion):] = ids[row, ids.shape[1] - len(completion):]
+    width = ids.shape[1]
+    for row, (_, completion, loss_mask) in enumerate(examples):
+        keep = torch.tensor(loss_mask, dtype=torch.bool)
+        span = ids[row, width - len(completion):]
+        targets[row, width - len(completion):] = torch.where(keep, span, torch.full_like(span, -100))
     ids, mask, targets = ids.to(device), mask.to(device), targets.to(device)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
     return torch.nn.functional.cross_entropy(
@@ -50,6 +65,9 @@ def warm_start(
         return
     rng = random.Random(f"sft/{seed}")
     slots = [(name, level) for name in sorted(domains) for level in domains[name].levels]
+    # Easier levels get more of the budget (weight decay**rank): a small model masters them first,
+    # which is where GRPO finds groups with mixed outcomes to learn from.
+    slot_weights = [cfg.level_decay ** domains[name].levels.index(level) for name, level in slots]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * max(0.1, 1 - s / cfg.steps)
@@ -57,8 +75,7 @@ def warm_start(
     model.train()
     for step in range(1, cfg.steps + 1):
         counts: dict[tuple[str, int], int] = {}
-        for _ in range(cfg.batch_size):
-            slot = rng.choice(slots)
+        for slot in rng.choices(slots, weights=slot_weights, k=cfg.batch_size):
             counts[slot] = counts.get(slot, 0) + 1
         pairs = reference_pairs(tokenizer, draw(counts), domains)
         if not pairs:

@@ -1,0 +1,158 @@
+"""Multi-turn rollouts for tool domains: the model calls tools, the environment answers.
+
+All live episodes of a batch generate together; a turn ends at end-of-turn (EOS) or at a complete
+tool call. The environment's response is appended as a tool message and masked out of the loss
+(the policy did not choose those tokens). The transcript — the assistant turns and tool messages
+after the prompt, as JSON — is what the verifier sees; it re-executes the calls itself.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from domains.api import Domain, Task
+from trainer.models import encode_prompt
+from trainer.rollout import Rollout, assemble, generate, left_pad
+
+TOOL_CALL_END = "</tool_call>"
+
+
+@dataclass
+class Episode:
+    task: Task
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)  # everything after the prompt
+    policy_mask: list[int] = field(default_factory=list)  # 1 where the policy chose the token
+    messages: list[dict] = field(default_factory=list)
+    max_turns: int = 1
+    turns: int = 0
+    done: bool = False
+    truncated: bool = False
+
+
+def is_multi_turn(domain: Domain) -> bool:
+    return bool(getattr(domain, "multi_turn", False))
+
+
+def tool_message_tokens(tokenizer, content: str) -> list[int]:
+    """Tokens that append a tool message and open the next assistant turn, via the chat template.
+
+    Rendered as the difference between a conversation with and without the tool message, so the
+    template's own markup is used whatever model this is."""
+    base = [{"role": "user", "content": "."}]
+    prefix = encode_prompt(tokenizer, base, add_generation_prompt=False)
+    full = encode_prompt(tokenizer, base + [{"role": "tool", "content": content}])
+    if full[:len(prefix)] != prefix:
+        raise ValueError("the chat template renders a tool message by rewriting earlier turns; unsupported")
+    return full[len(prefix):]
+
+
+def run_episodes(
+    model: torch.nn.Module, tokenizer, tasks: list[Task], domains: dict[str, Domain], *, max_new_tokens: int,
+    max_total_tokens: int, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None,
+) -> tuple[Rollout, list[str]]:
+    """Play one episode per task (repeat a task G times for a group); returns the rollout and the
+    JSON transcripts, row for row."""
+    episodes = [Episode(t, encode_prompt(tokenizer, t.prompt), max_turns=domains[t.domain].config.max_turns)
+                for t in tasks]
+    envs = [domains[t.domain].environment(t) for t in tasks]
+    stop = tokenizer(TOOL_CALL_END, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    while True:
+        live = [i for i, e in enumerate(episodes) if not e.done]
+        if not live:
+            break
+        budget = max(1, min(max_new_tokens, min(max_total_tokens - len(episodes[i].tokens) for i in live)))
+        turn = generate(model, [episodes[i].prompt + episodes[i].tokens for i in live], max_new_tokens=budget,
+                        eos_id=eos, pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
+                        generator=generator, stop=stop)
+        lengths = turn.completion_mask.sum(dim=1).tolist()
+        for row, i in enumerate(live):
+            _advance(episodes[i], envs[i], turn, row, lengths[row], tokenizer, max_total_tokens)
+    return _to_rollout(episodes, tokenizer.pad_token_id), [json.dumps(e.messages) for e in episodes]
+
+
+def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, max_total_tokens: int) -> None:
+    chosen = turn.completion_tokens[row, :length].tolist()
+    ep.tokens += chosen
+    ep.policy_mask += [1] * len(chosen)
+    text = tokenizer.decode(turn.completion_ids[row], skip_special_tokens=False)
+    ep.messages.append({"role": "assistant", "content": text})
+    ep.turns += 1
+    result = env.step(text)
+    if bool(turn.truncated[row]) or len(ep.tokens) >= max_total_tokens:
+        ep.done, ep.truncated = True, True
+        return
+    if result.done or result.observation is None or ep.turns >= ep.max_turns:
+        ep.done = True
+        return
+    ep.messages.append({"role": "tool", "content": result.observation})
+    if chosen and chosen[-1] != tokenizer.eos_token_id:
+        # the turn stopped at the closing tag: close it as the template would, then the tool speaks
+        ep.tokens.append(tokenizer.eos_token_id)
+        ep.policy_mask.append(0)
+    response = tool_message_tokens(tokenizer, result.observation)
+    ep.tokens += response
+    ep.policy_mask += [0] * len(response)
+    if len(ep.tokens) >= max_total_tokens:
+        ep.done, ep.truncated = True, True
+
+
+def _to_rollout(episodes: list[Episode], pad_id: int) -> Rollout:
+    ids, prompt_mask = left_pad([e.prompt for e in episodes], pad_id)
+    width = max(1, max(len(e.tokens) for e in episodes))
+    completion = torch.full((len(episodes), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(episodes), width), dtype=torch.long)
+    for row, e in enumerate(episodes):
+        completion[row, :len(e.tokens)] = torch.tensor(e.tokens, dtype=torch.long)
+        mask[row, :len(e.policy_mask)] = torch.tensor(e.policy_mask, dtype=torch.long)
+    lengths = torch.tensor([len(e.tokens) for e in episodes])
+    ended = torch.tensor([not e.truncated for e in episodes])
+    rollout = assemble(ids, prompt_mask, completion, lengths, ended, eos_id=-1)
+    rollout.completion_mask = mask  # tool tokens are context, not choices: excluded from the loss
+    return rollout
+
+
+def sample_rows(
+    model: torch.nn.Module, tokenizer, rows: list[Task], domains: dict[str, Domain], *, max_new_tokens: int,
+    max_episode_tokens: int, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None,
+) -> tuple[Rollout, list[str]]:
+    """One completion per row: a single generation, or a whole episode for tool domains.
+
+    ``rows`` must be all single-turn or all multi-turn (see ``split_by_kind``)."""
+    if rows and is_multi_turn(domains[rows[0].domain]):
+        return run_episodes(model, tokenizer, rows, domains, max_new_tokens=max_new_tokens,
+                            max_total_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
+                            generator=generator)
+    rollout = generate(model, [encode_prompt(tokenizer, t.prompt) for t in rows], max_new_tokens=max_new_tokens,
+                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=temperature,
+                       top_p=top_p, generator=generator)
+    return rollout, tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=False)
+
+
+def split_by_kind(tasks: list[Task], domains: dict[str, Domain]) -> list[list[Task]]:
+    """Single-turn tasks first, then multi-turn ones (each list keeps the original order)."""
+    single = [t for t in tasks if not is_multi_turn(domains[t.domain])]
+    multi = [t for t in tasks if is_multi_turn(domains[t.domain])]
+    return [kind for kind in (single, multi) if kind]
+
+
+def transcript_tokens(tokenizer, transcript: str) -> tuple[list[int], list[int]]:
+    """A reference transcript (JSON messages after the prompt) -> tokens and policy mask, laid out
+    exactly as ``run_episodes`` lays out a played episode (for the SFT warm start)."""
+    tokens: list[int] = []
+    mask: list[int] = []
+    for message in json.loads(transcript):
+        if message["role"] == "assistant":
+            text = tokenizer(message["content"], add_special_tokens=False)["input_ids"]
+            ends_with_call = message["content"].rstrip().endswith(TOOL_CALL_END)
+            tokens += text + [tokenizer.eos_token_id]
+            # after a tool call the rollout stops at the closing tag and closes the turn itself
+            mask += [1] * len(text) + [0 if ends_with_call else 1]
+        else:
+            response = tool_message_tokens(tokenizer, message["content"])
+            tokens += response
+            mask += [0] * len(response)
+    return tokens, mask
