@@ -65,6 +65,8 @@ def test_reference_scores_one_within_budget(domain, level):
         assert result.details["invalid_calls"] == 0
         assert len(task.prompt[0]["content"]) <= 80
         assert all(len(m["content"]) <= 200 for m in messages if m["role"] == "assistant")
+        # the trainer ends a turn at the first complete call: references make one call per turn
+        assert all(m["content"].count("<tool_call>") <= 1 for m in messages)
         if level <= 2:
             assert turns == 2 and result.details["calls"] == 1
 

@@ -3,8 +3,9 @@
 - ``tool_calculator``: arithmetic on 3- to 6-digit numbers, which a small model cannot do in its
   head, through ``add``/``sub``/``mul``; one call at levels 1-2, chains of 2-3 calls that feed one
   result into the next call at levels 3-5. The answer is ``\\boxed{n}``.
-- ``tool_kv_store``: bring a small key-value store to a target state with ``set``/``del``. At levels
-  1-3 the prompt shows the store; at 4-5 it is hidden and must be read with ``dump``. The state
+- ``tool_kv_store``: bring a small key-value store to a target state with ``set``/``del``, one
+  write per turn. At levels 1-3 the prompt shows the store; at 4-5 it is hidden and must be read
+  with ``dump`` (level 5 takes five turns, the domain's default ``max_turns``). The state
   counts writes per key, so any write the reference does not make (even re-setting a value that is
   already right) fails. The final turn is free text (the reference says ``done``).
 - ``tool_lookup``: follow a chain through a hidden staff table with ``get(n)``, e.g.
@@ -177,24 +178,30 @@ def _edit(rng: random.Random, data: dict[str, int], changes: int) -> dict[str, i
     return target
 
 
-def _writes(have: dict[str, int], want: dict[str, int]) -> str:
-    """One turn of calls that turns ``have`` into ``want``, in key order."""
+def _writes(have: dict[str, int], want: dict[str, int]) -> list[str]:
+    """The calls that turn ``have`` into ``want``, in key order, one per turn: the trainer's
+    rollout ends a turn at the first complete call, so references never batch calls."""
     calls = []
     for key in sorted(set(have) | set(want)):
         if key not in want:
             calls.append(render_call("del", k=key))
         elif have.get(key) != want[key]:
             calls.append(render_call("set", k=key, v=want[key]))
-    return "".join(calls)
+    return calls
+
+
+class KVConfig(ToolConfig):
+    max_turns: int = Field(default=5, ge=1, le=64)  # level 5: dump, three writes, done
 
 
 class KVStore(ProceduralToolDomain):
     name = "tool_kv_store"
+    Config: ClassVar[type[DomainConfig]] = KVConfig
     tools_line = "set(k,v),del(k),dump()"
     # (keys in the store, edits to make, store shown in the prompt) per level
     shapes: ClassVar[dict[int, tuple[tuple[int, int], int, bool]]] = {
         1: ((0, 2), 1, True), 2: ((2, 3), 1, True), 3: ((3, 4), 2, True),
-        4: ((3, 4), 2, False), 5: ((4, 5), 3, False),
+        4: ((3, 4), 2, False), 5: ((4, 5), 3, False),  # turns: 2, 2, 3, 4, 5
     }
 
     def environment(self, task: Task) -> ToolEnvironment:
@@ -208,7 +215,7 @@ class KVStore(ProceduralToolDomain):
             want = {**have, key: rng.randint(0, 9)}
         else:
             want = _edit(rng, have, changes)
-        turns = ([] if shown else [render_call("dump")]) + [_writes(have, want), "done"]
+        turns = ([] if shown else [render_call("dump")]) + _writes(have, want) + ["done"]
         prompt = f"{self.tools_line}\nhave {_show(have) if shown else '?'}\nwant {_show(want)}"
         return _task(self, level, prompt, {"store": have, "reference_turns": turns})
 
