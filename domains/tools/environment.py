@@ -19,6 +19,7 @@ methods — never ``eval`` or ``getattr`` on a model-chosen string.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from dataclasses import dataclass
@@ -107,7 +108,7 @@ class ToolEnvironment:
     # -- what the model sees ---------------------------------------------------------------------
     def tools(self) -> list[dict[str, Any]]:
         """OpenAI-style schemas (``name``, ``description``, ``parameters``), e.g. for a chat template."""
-        return [dict(method.tool_spec) for method in self._tools.values()]
+        return [copy.deepcopy(method.tool_spec) for method in self._tools.values()]  # callers may edit
 
     # -- state ----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
