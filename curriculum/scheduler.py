@@ -20,6 +20,7 @@ prompts go to domains by largest remainder of ``P·w + credit``, so a domain who
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from dataclasses import dataclass, fields
@@ -273,6 +274,12 @@ class _WriteBehind:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._loop, name="palestra-store-writer", daemon=True)
         self.thread.start()
+        atexit.register(self._drain_at_exit)  # a trainer that never calls close() still loses nothing
+
+    def _drain_at_exit(self) -> None:
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join(timeout=60)
 
     def submit(self, run_id: str, step: int, plan: Plan, outcomes: list[Outcome], metrics: dict | None,
                stat_rows: list[dict]) -> None:
@@ -305,6 +312,7 @@ class _WriteBehind:
         self.queue.join()
         self.queue.put(None)
         self.thread.join()
+        atexit.unregister(self._drain_at_exit)
         self._raise()
 
 
