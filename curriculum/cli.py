@@ -152,7 +152,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         try:
             row = json.loads(line)
             task = domain.task_from_json(row["task"])
-            items.append((task, str(row["completion"])))
+            completion = row["completion"]
+            # a tool transcript may be given as a JSON list rather than a string holding one
+            items.append((task, completion if isinstance(completion, str) else json.dumps(completion)))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{args.input}:{number}: not a {{task, completion}} line ({type(exc).__name__}: {exc})")
     with VerifierPool({domain.name: domain}, workers=args.workers) as pool:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 Messages = list[dict[str, str]]
 
@@ -75,6 +75,8 @@ class DomainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     verify_timeout_s: float = 10.0  # hard deadline enforced by the verifier pool
+    # Token budget of one completion (of one assistant turn in tool episodes); None: the trainer's.
+    max_new_tokens: int | None = Field(None, gt=0)
 
 
 class Domain:

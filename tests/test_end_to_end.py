@@ -109,3 +109,21 @@ def test_main_entry_runs_and_reports_heldout(tmp_path, plugin_package):
     assert 0.0 <= summary["after"]["eval/macro"] <= 1.0
     assert (tmp_path / "run" / "checkpoints").exists()
     assert any((tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_grpo_steps_with_a_tool_domain(tmp_path):
+    config = tiny_config(tmp_path, domains=["tool_calculator", "arithmetic"], policy={"type": "uniform"},
+                         trainer={"steps": 2, "max_episode_tokens": 120}, sft={"steps": 1})
+    recipe = GRPORecipe(config)
+    try:
+        recipe.setup()
+        metrics = [recipe.train_step(step) for step in (1, 2)]
+    finally:
+        recipe.cleanup()
+    with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
+        [run] = store.runs()
+        rows = store.results(run["id"])
+    assert len(rows) == 2 * 4 * 4
+    tool_rows = [r for r in rows if r["domain"] == "tool_calculator"]
+    assert tool_rows and all(r["completion"].startswith("[") for r in tool_rows)  # JSON transcripts
+    assert any("domain/tool_calculator/turns" in m for m in metrics)

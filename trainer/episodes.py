@@ -121,22 +121,27 @@ def sample_rows(
 ) -> tuple[Rollout, list[str]]:
     """One completion per row: a single generation, or a whole episode for tool domains.
 
-    ``rows`` must be all single-turn or all multi-turn (see ``split_by_kind``)."""
-    if rows and is_multi_turn(domains[rows[0].domain]):
-        return run_episodes(model, tokenizer, rows, domains, max_new_tokens=max_new_tokens,
+    ``rows`` must come from one domain (see ``by_domain``), whose own ``max_new_tokens`` option,
+    when set, replaces the trainer's budget."""
+    domain = domains[rows[0].domain]
+    budget = domain.config.max_new_tokens or max_new_tokens
+    if is_multi_turn(domain):
+        return run_episodes(model, tokenizer, rows, domains, max_new_tokens=budget,
                             max_total_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
                             generator=generator)
-    rollout = generate(model, [encode_prompt(tokenizer, t.prompt) for t in rows], max_new_tokens=max_new_tokens,
+    rollout = generate(model, [encode_prompt(tokenizer, t.prompt) for t in rows], max_new_tokens=budget,
                        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=temperature,
                        top_p=top_p, generator=generator)
     return rollout, tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=False)
 
 
-def split_by_kind(tasks: list[Task], domains: dict[str, Domain]) -> list[list[Task]]:
-    """Single-turn tasks first, then multi-turn ones (each list keeps the original order)."""
-    single = [t for t in tasks if not is_multi_turn(domains[t.domain])]
-    multi = [t for t in tasks if is_multi_turn(domains[t.domain])]
-    return [kind for kind in (single, multi) if kind]
+def by_domain(tasks: list[Task]) -> list[list[Task]]:
+    """Tasks grouped by domain (each group keeps the original order): a generation batch then has
+    one token budget and one kind of rollout."""
+    groups: dict[str, list[Task]] = {}
+    for task in tasks:
+        groups.setdefault(task.domain, []).append(task)
+    return list(groups.values())
 
 
 def transcript_tokens(tokenizer, transcript: str) -> tuple[list[int], list[int]]:

@@ -7,7 +7,7 @@ import torch
 
 from domains.api import Domain, Task
 from domains.pool import VerifierPool
-from trainer.episodes import sample_rows, split_by_kind
+from trainer.episodes import by_domain, sample_rows
 
 
 def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list[Task]:
@@ -26,7 +26,7 @@ def evaluate(
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     futures, ordered = [], []
     model.eval()
-    for kind in split_by_kind(tasks, pool.domains):
+    for kind in by_domain(tasks):
         for start in range(0, len(kind), batch_size):
             chunk = kind[start:start + batch_size]
             _, texts = sample_rows(model, tokenizer, chunk, pool.domains, max_new_tokens=max_new_tokens,

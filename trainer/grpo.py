@@ -31,7 +31,7 @@ from trainer.evaluate import evaluate, format_eval, heldout_tasks
 from trainer.losses import grpo_loss, group_advantages
 from trainer.metrics import MetricsLogger
 from trainer.models import load_model, load_tokenizer, model_path, pick_device
-from trainer.episodes import sample_rows, split_by_kind
+from trainer.episodes import by_domain, sample_rows
 from trainer.rollout import sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss, warm_start
 from trainer.tasks import TaskSource
@@ -172,7 +172,7 @@ class GRPORecipe:
         parts, futures = [], []
         start = time.perf_counter()
         self.model.eval()
-        for kind in split_by_kind(tasks, self.domains):
+        for kind in by_domain(tasks):
             for first in range(0, len(kind), per_chunk):
                 chunk = kind[first:first + per_chunk]
                 rows = [task for task in chunk for _ in range(t.group_size)]
@@ -335,24 +335,31 @@ def _shrink(counts: Counter, total: int) -> dict[tuple[str, int], int]:
 
 
 def _per_domain(tasks, verdicts, group_size, recorded) -> dict[str, dict[str, float]]:
-    rewards: dict[str, list[float]] = defaultdict(list)
-    statuses: dict[str, Counter] = defaultdict(Counter)
+    """Reward, zero-variance share, error counts, success by level and (tool domains) call stats."""
+    rows: dict[str, list] = defaultdict(list)
     for i, verdict in enumerate(verdicts):
-        name = tasks[i // group_size].domain
-        rewards[name].append(verdict.result.reward)
-        statuses[name][verdict.result.status] += 1
+        rows[tasks[i // group_size].domain].append((tasks[i // group_size].level, verdict.result))
     zero_var: dict[str, list[bool]] = defaultdict(list)
     for b in recorded:
         for task, flat in zip(b.tasks, b.zero_variance().tolist()):
             zero_var[task.domain].append(flat)
     out = {}
-    for name, values in rewards.items():
-        s = statuses[name]
-        out[name] = {
-            "reward": float(np.mean(values)), "zero_var": float(np.mean(zero_var[name])),
-            "errors": s[Status.ERROR] + s[Status.TIMEOUT] + s[Status.SANDBOX_VIOLATION],
-            "format_errors": s[Status.FORMAT_ERROR],
+    for name, results in rows.items():
+        statuses = Counter(r.status for _, r in results)
+        stats = {
+            "reward": float(np.mean([r.reward for _, r in results])), "zero_var": float(np.mean(zero_var[name])),
+            "errors": statuses[Status.ERROR] + statuses[Status.TIMEOUT] + statuses[Status.SANDBOX_VIOLATION],
+            "format_errors": statuses[Status.FORMAT_ERROR],
         }
+        for level in sorted({lv for lv, _ in results}):
+            stats[f"level{level}/success"] = float(np.mean([r.correct for lv, r in results if lv == level]))
+        episodes = [r.details for _, r in results if "turns" in r.details]
+        if episodes:  # tool domains: their verifier reports what it replayed
+            calls = sum(d.get("calls", 0) for d in episodes)
+            stats["tool_calls"] = calls / len(episodes)
+            stats["turns"] = float(np.mean([d["turns"] for d in episodes]))
+            stats["invalid_call_rate"] = sum(d.get("invalid_calls", 0) for d in episodes) / max(1, calls)
+        out[name] = stats
     return out
 
 

@@ -48,7 +48,7 @@ def domain_table(metrics: dict[str, Any]) -> str:
         if key.startswith("domain/"):
             _, name, metric = key.split("/", 2)
             rows.setdefault(name, {})[metric] = value
-    columns = ["weight", "level", "prompts", "reward", "zero_var", "errors"]
+    columns = ["weight", "level", "prompts", "reward", "zero_var", "errors", "tool_calls"]
     header = f"{'domain':<22}" + "".join(f"{c:>10}" for c in columns)
     lines = [f"step {metrics.get('step', '?')}", header]
     for name in sorted(rows):

@@ -202,6 +202,7 @@ def boxed_answers(text: str) -> list[str]:
 class ToolConfig(DomainConfig):
     max_turns: int = Field(default=4, ge=1, le=64)  # assistant turns, the final answer included
     invalid_call_penalty: float = Field(default=0.0, ge=0.0, le=1.0)  # per invalid call, on success
+    max_new_tokens: int | None = Field(default=80, gt=0)  # per assistant turn: a compact call is ~60 chars
 
 
 class ToolDomain(Domain):
