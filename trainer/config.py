@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from curriculum.config import DifficultyConfig, PolicyConfig, StoreConfig
+from trainer.health import HealthConfig
 
 
 class Strict(BaseModel):
@@ -105,6 +106,7 @@ class PalestraConfig(Strict):
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    health: HealthConfig = HealthConfig()
 
 
 class ConfigError(ValueError):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import signal
+import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -28,6 +30,7 @@ from trainer import checkpoint
 from trainer.batch import StepBatch, concat
 from trainer.config import PalestraConfig
 from trainer.evaluate import evaluate, format_eval, heldout_tasks
+from trainer.health import HealthMonitor
 from trainer.losses import grpo_loss, group_advantages
 from trainer.metrics import MetricsLogger
 from trainer.models import load_model, load_tokenizer, model_path, pick_device
@@ -47,6 +50,7 @@ class GRPORecipe:
         self.store: StatsStore | None = None
         self.run_id: str | None = None
         self.history: dict[str, dict[str, float]] = {}
+        self.health = HealthMonitor(cfg.health)
 
     # -- setup ------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -97,16 +101,21 @@ class GRPORecipe:
         cfg = self.cfg
         assert self.logger is not None
         if self.start_step == 0:
+            self.logger.write(f"SFT warm start: {cfg.sft.steps} steps")
             warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.tasks.draw, seed=cfg.seed,
                        log=lambda s, m: self.logger.log(s, m, phase="sft"))
             self.history["before"] = self._evaluate(0, "held-out success before GRPO")
-        for step in range(self.start_step + 1, cfg.trainer.steps + 1):
-            metrics = self.train_step(step)
-            self.logger.advance(step, metrics)
-            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
-                self._evaluate(step, f"held-out success at step {step}")
-            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-                self.save_checkpoint(step)
+        with _StopOnSignal() as stop:
+            for step in range(self.start_step + 1, cfg.trainer.steps + 1):
+                metrics = self.train_step(step)
+                self.logger.advance(step, metrics)
+                if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
+                    self._evaluate(step, f"held-out success at step {step}")
+                if stop.requested:  # SIGTERM/SIGINT: finish the step, save, leave
+                    self.save_checkpoint(step)
+                    raise KeyboardInterrupt(f"stopped by signal after step {step}; resume with resume=auto")
+                if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+                    self.save_checkpoint(step)
         self.history["after"] = self._evaluate(cfg.trainer.steps, "held-out success after GRPO")
         self.save_checkpoint(cfg.trainer.steps)
         return self.summary()
@@ -125,7 +134,15 @@ class GRPORecipe:
         )
         self.logger.log(step, metrics, phase="eval")
         self.logger.write(format_eval(metrics, title))
+        self._alarm(step, self.health.after_eval(metrics["eval/macro"]))
         return metrics
+
+    def _alarm(self, step: int, alarms: list[str]) -> None:
+        assert self.logger is not None
+        for alarm in alarms:
+            self.logger.write(f"alarm at step {step}: {alarm}")
+        if alarms:
+            self.logger.log(step, {"alarms": alarms}, phase="alarm")
 
     def train_step(self, step: int) -> dict[str, Any]:
         t = self.cfg.trainer
@@ -142,6 +159,7 @@ class GRPORecipe:
         metrics["time/record"] = time.perf_counter() - start
         assert self.logger is not None
         self.logger.log(step, metrics)
+        self._alarm(step, self.health.after_step(metrics))
         return metrics
 
     # -- rollouts -----------------------------------------------------------------------------------
@@ -305,7 +323,11 @@ class GRPORecipe:
         return metrics
 
     # -- checkpoints and cleanup --------------------------------------------------------------------
-    def save_checkpoint(self, step: int) -> Path:
+    def save_checkpoint(self, step: int) -> Path | None:
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            # never let a poisoned model replace a good checkpoint
+            self._alarm(step, ["non-finite weights: checkpoint not saved"])
+            return None
         return checkpoint.save(
             self.output_dir, step, keep=self.cfg.checkpoint.keep, model=self.model, tokenizer=self.tokenizer,
             optimizer=self.optimizer, lr_schedule=self.lr_schedule,
@@ -361,6 +383,27 @@ def _per_domain(tasks, verdicts, group_size, recorded) -> dict[str, dict[str, fl
             stats["invalid_call_rate"] = sum(d.get("invalid_calls", 0) for d in episodes) / max(1, calls)
         out[name] = stats
     return out
+
+
+class _StopOnSignal:
+    """Turn SIGTERM/SIGINT into a request to stop after the current step (main thread only)."""
+
+    def __enter__(self) -> "_StopOnSignal":
+        self.requested = False
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._request)
+        return self
+
+    def _request(self, signum, frame) -> None:
+        if self.requested:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,58 @@
+"""Health alarms: signs that a run is going wrong while it still looks busy.
+
+- reward hacking: the training reward keeps rising while held-out success falls;
+- KL to the reference or the policy's entropy leaving configured bounds (collapse or blow-up);
+- a non-finite loss (the update is skipped by the recipe; the alarm says so).
+Alarms are logged (``alarm/*`` metrics and a console line); they never stop the run.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class HealthConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kl_max: float | None = Field(None, gt=0)
+    entropy_min: float | None = Field(None, ge=0)
+    entropy_max: float | None = Field(None, gt=0)
+    reward_window: int = Field(20, ge=2)  # steps of training reward compared between evaluations
+
+
+class HealthMonitor:
+    def __init__(self, cfg: HealthConfig) -> None:
+        self.cfg = cfg
+        self.rewards: deque[float] = deque(maxlen=2 * cfg.reward_window)
+        self.last_eval: tuple[float, float] | None = None  # (held-out macro, training reward) then
+
+    def after_step(self, metrics: dict) -> list[str]:
+        alarms = []
+        loss = metrics.get("loss", 0.0)
+        if not math.isfinite(loss) or not math.isfinite(metrics.get("grad_norm", 0.0)):
+            alarms.append("non-finite loss or gradient: update skipped")
+        kl, entropy = metrics.get("kl", 0.0), metrics.get("entropy", 0.0)
+        if self.cfg.kl_max is not None and kl > self.cfg.kl_max:
+            alarms.append(f"KL {kl:.4f} above {self.cfg.kl_max}")
+        if self.cfg.entropy_min is not None and entropy < self.cfg.entropy_min:
+            alarms.append(f"entropy {entropy:.4f} below {self.cfg.entropy_min}")
+        if self.cfg.entropy_max is not None and entropy > self.cfg.entropy_max:
+            alarms.append(f"entropy {entropy:.4f} above {self.cfg.entropy_max}")
+        if math.isfinite(metrics.get("reward/mean", float("nan"))):
+            self.rewards.append(metrics["reward/mean"])
+        return alarms
+
+    def after_eval(self, heldout_macro: float) -> list[str]:
+        """Compare with the previous evaluation: reward up and held-out down suggests hacking."""
+        reward = sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+        alarms = []
+        if self.last_eval is not None:
+            previous_macro, previous_reward = self.last_eval
+            if reward > previous_reward + 0.05 and heldout_macro < previous_macro - 0.05:
+                alarms.append(
+                    f"training reward rose {previous_reward:.3f} -> {reward:.3f} while held-out success fell "
+                    f"{previous_macro:.3f} -> {heldout_macro:.3f} (reward hacking?)"
+                )
+        self.last_eval = (heldout_macro, reward)
+        return alarms
