@@ -1,0 +1,29 @@
+"""Health alarms fire on the conditions they name, and only then."""
+from trainer.health import HealthConfig, HealthMonitor
+
+
+def test_kl_and_entropy_bounds():
+    monitor = HealthMonitor(HealthConfig(kl_max=0.1, entropy_min=0.5, entropy_max=3.0))
+    assert monitor.after_step({"loss": 0.1, "kl": 0.05, "entropy": 1.0, "reward/mean": 0.2}) == []
+    alarms = monitor.after_step({"loss": 0.1, "kl": 0.5, "entropy": 0.1, "reward/mean": 0.2})
+    assert any("KL" in a for a in alarms) and any("below" in a for a in alarms)
+    assert any("above 3.0" in a for a in monitor.after_step({"loss": 0.1, "entropy": 4.0}))
+
+
+def test_non_finite_loss_alarm():
+    assert HealthMonitor(HealthConfig()).after_step({"loss": float("nan")})
+
+
+def test_reward_up_while_heldout_down_is_flagged():
+    monitor = HealthMonitor(HealthConfig(reward_window=5))
+    for _ in range(5):
+        monitor.after_step({"loss": 0.0, "reward/mean": 0.2})
+    assert monitor.after_eval(0.5) == []  # the first evaluation only sets the baseline
+    for _ in range(10):
+        monitor.after_step({"loss": 0.0, "reward/mean": 0.8})
+    [alarm] = monitor.after_eval(0.3)
+    assert "reward hacking" in alarm
+    # both rising is healthy
+    for _ in range(10):
+        monitor.after_step({"loss": 0.0, "reward/mean": 0.95})
+    assert monitor.after_eval(0.6) == []
