@@ -2,6 +2,9 @@
 
     palestra runs   --db URL [--json]
     palestra stats  --db URL --run ID [--json]
+    palestra replay --db URL --run ID [--step S] [--json]
+    palestra compare --db URL --sweep ID [--baseline uniform] [--target T] [--json]
+    palestra report  --db URL (--run ID | --sweep ID) [--out DIR]
     palestra domains [--json]
     palestra sample --domain D --level L -n N [--seed S] [--json]
     palestra verify --domain D --input FILE.jsonl
@@ -44,6 +47,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--db", required=True)
     p.add_argument("--run", required=True, help="run id (a unique prefix is enough)")
     p.add_argument("--json", action="store_true")
+    p = command("replay", cmd_replay, "re-verify a run's stored results and report mismatches")
+    p.add_argument("--db", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--step", type=int, default=None)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    p = command("compare", cmd_compare, "compare the policies of a sweep, with paired-seed 95% CIs")
+    p.add_argument("--db", required=True)
+    p.add_argument("--sweep", required=True, help="sweep id (see `palestra runs`)")
+    p.add_argument("--baseline", default="uniform", help="policy the others are compared with")
+    p.add_argument("--target", type=float, default=None, help="macro held-out success for steps-to-target")
+    p.add_argument("--metric", default="heldout/macro", help="metrics key of the macro held-out success")
+    p.add_argument("--json", action="store_true")
+    p = command("report", cmd_report, "PNG plots and an HTML page for a run or a sweep")
+    p.add_argument("--db", required=True)
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--run", help="run id (a unique prefix is enough)")
+    target.add_argument("--sweep", help="sweep id")
+    p.add_argument("--out", default=None, help="output folder (default: report-<id>)")
+    p.add_argument("--baseline", default="uniform")
     p = command("domains", cmd_domains, "registered domains and their levels")
     p.add_argument("--json", action="store_true")
     p = command("sample", cmd_sample, "draw tasks with their reference completions")
@@ -96,6 +119,47 @@ def _resolve_run(store, prefix: str) -> str:
     if len(matches) != 1:
         raise KeyError(f"run {prefix!r} matches {len(matches)} runs in the store")
     return matches[0]
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from curriculum.replay import replay
+
+    with _open_store(args.db) as store:
+        report = replay(store, _resolve_run(store, args.run), step=args.step, workers=args.workers)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(f"run {report.run_id}: re-verified {report.checked} results, {len(report.mismatches)} mismatches"
+              + (f", {report.missing_tasks} without a stored task" if report.missing_tasks else ""))
+        for domain, change in report.version_changes.items():
+            print(f"  verifier version of {domain} changed: {change}")
+        _table([vars(m) for m in report.mismatches[:50]],
+               ["step", "domain", "task_id", "stored_reward", "replayed_reward", "stored_status", "replayed_status"])
+    return 1 if report.mismatches else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from curriculum.compare import compare_sweep, format_table
+
+    with _open_store(args.db) as store:
+        result = compare_sweep(store, args.sweep, baseline=args.baseline, target=args.target,
+                               metric_key=args.metric)
+    print(json.dumps(result.to_json(), indent=1) if args.json else format_table(result))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from curriculum.report import report_run, report_sweep
+
+    with _open_store(args.db) as store:
+        if args.run:
+            run_id = _resolve_run(store, args.run)
+            page = report_run(store, run_id, args.out or f"report-{run_id[:8]}")
+        else:
+            out = args.out or "report-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in args.sweep)
+            page = report_sweep(store, args.sweep, out, baseline=args.baseline)
+    print(page)
+    return 0
 
 
 # -- domains ------------------------------------------------------------------------------------------

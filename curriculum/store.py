@@ -16,6 +16,7 @@ it twice.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -153,6 +154,15 @@ class MetricRow(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     values: Mapped[dict] = mapped_column(JSON)
+
+
+class TaskRow(Base):
+    """The tasks a run trained on, by id, so any stored result can be re-verified (replay)."""
+
+    __tablename__ = "tasks"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    task: Mapped[bytes] = mapped_column(LargeBinary)  # zlib-compressed Task JSON
 
 
 class MetaRow(Base):
@@ -326,6 +336,37 @@ class StatsStore:
                                        + ", ".join([group] * n_rows))
         return self._insert_cache[key]
 
+    def save_tasks(self, run_id: str, tasks: dict[str, dict]) -> None:
+        """Store task JSON by id; ids already stored for the run are left as they are."""
+        if not tasks:
+            return
+        ids = list(tasks)
+        with self.engine.begin() as conn:
+            known = set(conn.execute(select(TaskRow.task_id).where(
+                TaskRow.run_id == run_id, TaskRow.task_id.in_(ids))).scalars())
+            rows = [{"run_id": run_id, "task_id": i, "task": _compress(json.dumps(tasks[i]))} for i in ids
+                    if i not in known]
+            if rows:
+                conn.execute(insert(TaskRow), rows)
+
+    def tasks(self, run_id: str, ids: Iterable[str] | None = None) -> dict[str, dict]:
+        query = select(TaskRow.task_id, TaskRow.task).where(TaskRow.run_id == run_id)
+        if ids is not None:
+            query = query.where(TaskRow.task_id.in_(list(ids)))
+        with self.engine.connect() as conn:
+            return {i: json.loads(_decompress(blob)) for i, blob in conn.execute(query)}
+
+    def discard_after(self, run_id: str, step: int) -> int:
+        """Delete every step after ``step`` (a resume from a checkpoint taken at ``step`` redoes
+        them); returns how many result rows went. One transaction."""
+        with self.engine.begin() as conn:
+            gone = conn.execute(select(func.count()).select_from(ResultRow).where(
+                ResultRow.run_id == run_id, ResultRow.step > step)).scalar() or 0
+            for table in _STEP_TABLES:
+                conn.execute(delete(table).where(table.run_id == run_id, table.step > step))
+            conn.execute(update(RunRow).where(RunRow.id == run_id).values(last_step=step, status="running"))
+        return int(gone)
+
     # -- reads --------------------------------------------------------------------------------
     def results(self, run_id: str, step: int | None = None) -> list[dict]:
         query = select(ResultRow.__table__).where(ResultRow.run_id == run_id)
@@ -387,6 +428,23 @@ class StatsStore:
                                 success_rate=successes / attempts if attempts else None,
                                 weight=weight, level=level))
         return summary
+
+    # -- sweeps ------------------------------------------------------------------------------
+    def sweep_runs(self, sweep_id: str) -> list[dict]:
+        """The runs recorded under ``sweep_id``, configs included, oldest first."""
+        query = (select(RunRow.__table__).where(RunRow.sweep_id == sweep_id)
+                 .order_by(RunRow.started_at, RunRow.id))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings().all()]
+
+    def step_totals(self, run_id: str) -> list[dict]:
+        """Per step: attempts, successes, groups and zero-variance groups summed over domains."""
+        t = StepStatRow
+        query = (select(t.step, func.sum(t.attempts).label("attempts"), func.sum(t.successes).label("successes"),
+                        func.sum(t.groups).label("groups"), func.sum(t.zero_var_groups).label("zero_var_groups"))
+                 .where(t.run_id == run_id).group_by(t.step).order_by(t.step))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings().all()]
 
     def close(self) -> None:
         self.engine.dispose()

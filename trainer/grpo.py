@@ -75,13 +75,14 @@ class GRPORecipe:
         self.scheduler_args = dict(
             domain_levels={name: tuple(d.levels) for name, d in self.domains.items()},
             policy=cfg.policy, difficulty=cfg.difficulty, prompts_per_step=cfg.trainer.prompts_per_step,
-            seed=cfg.seed, store=self.store,
+            seed=cfg.seed, store=self.store, write_behind=True,  # the database write overlaps training
         )
         latest = checkpoint.find(self.output_dir, cfg.resume)
         if latest is not None:
             self._resume(latest)
         else:
-            self.run_id = self.store.start_run(cfg.name, cfg.model_dump(mode="json"), cfg.seed, sweep_id=cfg.sweep_id)
+            stored_config = {**cfg.model_dump(mode="json"), "versions": library_versions()}
+            self.run_id = self.store.start_run(cfg.name, stored_config, cfg.seed, sweep_id=cfg.sweep_id)
             self.scheduler = Scheduler(run_id=self.run_id, **self.scheduler_args)
         self.logger = MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.table_every)
 
@@ -89,6 +90,9 @@ class GRPORecipe:
         state = checkpoint.load(path, self.model, self.optimizer, self.lr_schedule)
         self.start_step = state["step"]
         self.run_id = state["run_id"]
+        assert self.store is not None
+        # Steps after the checkpoint are redone; their rows must not count twice.
+        self.store.discard_after(self.run_id, self.start_step)
         self.scheduler = Scheduler(run_id=self.run_id, **self.scheduler_args)
         self.scheduler.load_state_dict(state["scheduler"])
         self.tasks.load_state_dict(state["tasks"])
@@ -155,6 +159,8 @@ class GRPORecipe:
         timer["train"] = time.perf_counter() - start
         metrics = self._step_metrics(step, plan, batch, recorded, update, timer)
         start = time.perf_counter()
+        assert self.store is not None
+        self.store.save_tasks(self.run_id, {task.id: task.to_json() for b in recorded for task in b.tasks})
         self.scheduler.record(step, self._outcomes(recorded, batch, advantages), metrics)
         metrics["time/record"] = time.perf_counter() - start
         assert self.logger is not None
@@ -338,6 +344,8 @@ class GRPORecipe:
     def cleanup(self, status: str = "finished") -> None:
         if self.pool is not None:
             self.pool.close()
+        if getattr(self, "scheduler", None) is not None:
+            self.scheduler.close()  # waits for the write-behind thread
         if self.store is not None and self.run_id is not None:
             self.store.finish_run(self.run_id, status)
         if self.logger is not None:
@@ -404,6 +412,19 @@ class _StopOnSignal:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of what decides rewards and updates, stored with the run for audits."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("palestra", "math-verify", "sympy", "torch", "transformers", "jsonschema"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
 
 
 def seed_everything(seed: int) -> None:
