@@ -1,0 +1,114 @@
+"""Typed configuration of the simulator: the scenario (``sim``) and the whole sim app.
+
+Hydra composes ``conf/sim_config.yaml`` (groups ``policy``, ``difficulty``, ``store``, ``sim``);
+the plain container is validated here with the same strictness as the trainer's config, so a typo
+fails in one line naming the key.
+"""
+from __future__ import annotations
+
+from typing import get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from curriculum.config import DifficultyConfig, PolicyConfig, StoreConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ScenarioConfig(_Strict):
+    """A synthetic world of domains and the learner that trains on it (see ``learner.py``).
+
+    Shares (``*_share``) are fractions of the domains that carry an effect; the rest are plain
+    learnable domains. Every draw comes from the run's seed, so paired seeds share one world.
+    """
+
+    name: str = "custom"
+    domains: int = Field(10, ge=1)
+    levels: int = Field(5, ge=1, description="difficulty levels per domain, b_l = level_step * l")
+    level_step: float = Field(1.0, gt=0)
+    steps: int = Field(500, ge=1)
+    prompts_per_step: int = Field(64, ge=1)
+    group_size: int = Field(8, ge=2)
+    # the learner
+    theta0_mean: float = 0.0
+    theta0_std: float = Field(0.5, ge=0)
+    slope_min: float = Field(1.0, gt=0, description="a_d is drawn uniformly in [slope_min, slope_max]")
+    slope_max: float = Field(2.5, gt=0)
+    lr: float = Field(0.01, ge=0, description="median theta gain per group at mean |A| = 1")
+    lr_spread: float = Field(0.5, ge=0, description="std of log lr across domains")
+    # effects
+    cluster_size: int = Field(10, ge=1, description="domains per transfer cluster")
+    transfer_pos: float = Field(0.15, ge=0, description="largest positive transfer inside a cluster")
+    transfer_pos_density: float = Field(0.5, ge=0, le=1, description="share of in-cluster pairs that transfer")
+    transfer_neg: float = Field(0.0, ge=0, description="largest negative transfer between clusters")
+    negative_pairs: int = Field(0, ge=0, description="negatively coupled partners per domain")
+    forgetting_share: float = Field(0.0, ge=0, le=1)
+    forgetting_rate: float = Field(0.002, ge=0, lt=1, description="largest per-step decay toward theta0")
+    unlearnable_share: float = Field(0.0, ge=0, le=1)
+    noisy_share: float = Field(0.0, ge=0, le=1)
+    prerequisite_share: float = Field(0.0, ge=0, le=1, description="domains locked behind another domain")
+    unlock_theta: float = Field(2.0, description="prerequisite theta at which learning is half unlocked")
+    size_min: int = Field(0, ge=0, description="prompts per domain (log-uniform); 0: unlimited")
+    size_max: int = Field(0, ge=0)
+    # logging
+    domains_every: int = Field(10, ge=1, description="log the per-domain held-out vector every k steps")
+    mastery: float = Field(0.8, gt=0, le=1, description="held-out success that counts as mastered")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ScenarioConfig":
+        if self.slope_max < self.slope_min:
+            raise ValueError("slope_max must be >= slope_min")
+        if self.size_max < self.size_min:
+            raise ValueError("size_max must be >= size_min")
+        if self.unlearnable_share + self.noisy_share + self.prerequisite_share > 1.0:
+            raise ValueError("unlearnable_share + noisy_share + prerequisite_share must be <= 1")
+        return self
+
+
+class SimAppConfig(_Strict):
+    """The composed config of ``palestra-sim``."""
+
+    name: str = "sim"
+    seed: int = 0
+    sweep_id: str | None = None
+    output_dir: str = "outputs/sim"
+    write_behind: bool = False
+    sim: ScenarioConfig
+    policy: PolicyConfig
+    difficulty: DifficultyConfig
+    store: StoreConfig = StoreConfig()
+
+
+class SimConfigError(ValueError):
+    """An invalid sim configuration, described in one line."""
+
+
+def validate_sim_config(raw: dict) -> SimAppConfig:
+    try:
+        return SimAppConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise SimConfigError(describe(exc)) from None
+
+
+def describe(exc: ValidationError) -> str:
+    """First error as ``dotted.key: message`` (plus a count of the others), as the trainer does."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"] if not _is_union_tag(p))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{loc or 'config'}: {first['msg']}{more}"
+
+
+def _is_union_tag(part) -> bool:
+    # pydantic puts the discriminator value (e.g. "uniform") into the paths of union members
+    return isinstance(part, str) and (part.startswith("function-") or part in _UNION_TAGS)
+
+
+def _type_tags(union) -> set[str]:
+    members = get_args(get_args(union)[0])
+    return {tag for m in members for tag in get_args(m.model_fields["type"].annotation)}
+
+
+_UNION_TAGS = _type_tags(PolicyConfig) | _type_tags(DifficultyConfig)
