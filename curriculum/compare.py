@@ -1,0 +1,269 @@
+"""Side-by-side comparison of the policies of a sweep, with paired-seed confidence intervals.
+
+For every run of a sweep it reads the per-step metrics the simulator (or a trainer that logs the
+same keys) wrote, cuts every run at the same rollout budget — the smallest final budget of the
+sweep, counting every completion generated, discarded or not — and computes:
+
+- ``auc``: area under the macro held-out curve over rollouts, divided by the budget (a mean
+  success over training; higher is better);
+- ``final``: macro held-out success at the budget;
+- ``worst10``: mean held-out success of the worst decile of domains at the budget;
+- ``to_target``: first step at which macro held-out reaches ``target`` (a run that never does
+  counts as its last step + 1, so the difference is a bound, flagged in the table);
+- ``retention``: over the domains that were ever mastered, mean of held-out at the budget divided
+  by their best earlier held-out (1 = nothing forgotten);
+- ``zero_var``: share of groups whose rewards all agreed (wasted rollouts).
+
+Runs are grouped by policy (its ``type``; a type swept over several settings is split by setting)
+and paired with the baseline run of the same seed. The interval is the t-based 95% interval of
+the mean paired difference, policy − baseline: paired because a seed fixes the world and the
+outcome stream for every policy, so world-to-world variation cancels out of the difference.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+METRICS = ("auc", "final", "worst10", "to_target", "retention", "zero_var")
+LOWER_IS_BETTER = {"to_target", "zero_var"}
+
+
+@dataclass
+class RunCurves:
+    """One run's curves, cut at the budget by ``cut``."""
+
+    run_id: str
+    label: str
+    seed: int
+    steps: np.ndarray  # [T]
+    rollouts: np.ndarray  # [T] cumulative completions
+    macro: np.ndarray  # [T]
+    worst10: np.ndarray  # [T]
+    zero_var: np.ndarray  # [T]
+    domain_steps: np.ndarray  # [K] steps with a per-domain vector
+    domains: np.ndarray  # [K, D] per-domain held-out success
+
+    def cut(self, budget: float) -> "RunCurves":
+        keep = self.rollouts <= budget + 1e-9
+        dkeep = self.domain_steps <= (self.steps[keep].max() if keep.any() else -1)
+        return RunCurves(self.run_id, self.label, self.seed, self.steps[keep], self.rollouts[keep],
+                         self.macro[keep], self.worst10[keep], self.zero_var[keep],
+                         self.domain_steps[dkeep], self.domains[dkeep])
+
+
+@dataclass
+class Comparison:
+    sweep_id: str
+    baseline: str
+    budget: float
+    target: float
+    metric_key: str
+    # label -> metric -> dict(mean, values, diff, lo, hi, n, censored)
+    policies: dict[str, dict[str, dict]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"sweep": self.sweep_id, "baseline": self.baseline, "budget_rollouts": self.budget,
+                "target": self.target, "metric": self.metric_key, "policies": self.policies}
+
+
+# -- loading -------------------------------------------------------------------------------------------
+def load_run(store, run: dict, metric_key: str = "heldout/macro") -> RunCurves | None:
+    """Curves of one run from its metrics rows; None when the run logged no ``metric_key``."""
+    rows = [r for r in store.metrics(run["id"]) if r.get(metric_key) is not None]
+    if not rows:
+        return None
+    steps = np.array([r["step"] for r in rows], dtype=float)
+    macro = np.array([r[metric_key] for r in rows], dtype=float)
+    rollouts = _rollouts(store, run, rows)
+    worst = np.array([r.get("heldout/worst_decile", np.nan) for r in rows], dtype=float)
+    zero_var = _zero_var(store, run, rows)
+    vectors = [(r["step"], r["heldout/domains"]) for r in rows if r.get("heldout/domains") is not None]
+    domain_steps = np.array([s for s, _ in vectors], dtype=float)
+    domains = np.array([v for _, v in vectors], dtype=float) / 1000.0 if vectors else np.zeros((0, 0))
+    return RunCurves(run["id"], run_label(run), int(run["seed"]), steps, rollouts, macro, worst, zero_var,
+                     domain_steps, domains)
+
+
+def _rollouts(store, run: dict, rows: list[dict]) -> np.ndarray:
+    if all("sim/rollouts" in r for r in rows):
+        return np.array([r["sim/rollouts"] for r in rows], dtype=float)
+    # a trainer run: completions per step from the stored step statistics
+    attempts = {t["step"]: t["attempts"] for t in store.step_totals(run["id"])}
+    return np.cumsum([attempts.get(r["step"], 0) for r in rows]).astype(float)
+
+
+def _zero_var(store, run: dict, rows: list[dict]) -> np.ndarray:
+    if all("sim/zero_var_share" in r for r in rows):
+        return np.array([r["sim/zero_var_share"] for r in rows], dtype=float)
+    totals = {t["step"]: t for t in store.step_totals(run["id"])}
+    out = [totals[r["step"]]["zero_var_groups"] / totals[r["step"]]["groups"]
+           if r["step"] in totals and totals[r["step"]]["groups"] else np.nan for r in rows]
+    return np.array(out, dtype=float)
+
+
+def run_label(run: dict) -> str:
+    policy = (run.get("config") or {}).get("policy") or {}
+    return str(policy.get("type", run.get("name", "?")))
+
+
+def split_labels(runs: list[dict]) -> dict[str, str]:
+    """run id -> label; a policy type that appears with several settings gets one label per setting."""
+    by_type: dict[str, list[str]] = {}
+    for run in runs:
+        setting = json.dumps((run.get("config") or {}).get("policy"), sort_keys=True)
+        names = by_type.setdefault(run_label(run), [])
+        if setting not in names:
+            names.append(setting)
+    labels = {}
+    for run in runs:
+        kind = run_label(run)
+        settings = by_type[kind]
+        setting = json.dumps((run.get("config") or {}).get("policy"), sort_keys=True)
+        labels[run["id"]] = kind if len(settings) == 1 else f"{kind}#{settings.index(setting)}"
+    return labels
+
+
+# -- metrics -----------------------------------------------------------------------------------------
+def run_metrics(c: RunCurves, target: float, mastery: float = 0.8) -> dict[str, float]:
+    """The comparison metrics of one run already cut at the budget."""
+    gained = np.diff(np.concatenate([[0.0], c.rollouts]))
+    auc = float((c.macro * gained).sum() / max(c.rollouts[-1], 1.0))
+    reached = np.nonzero(c.macro >= target)[0]
+    to_target = float(c.steps[reached[0]]) if len(reached) else float(c.steps[-1] + 1)
+    worst = c.worst10[-1] if np.isfinite(c.worst10[-1]) else _worst_decile(c)
+    return {"auc": auc, "final": float(c.macro[-1]), "worst10": float(worst), "to_target": to_target,
+            "retention": _retention(c, mastery), "zero_var": float(np.nanmean(c.zero_var))}
+
+
+def _worst_decile(c: RunCurves) -> float:
+    if not len(c.domains):
+        return float("nan")
+    last = np.sort(c.domains[-1])
+    return float(last[: max(1, len(last) // 10)].mean())
+
+
+def _retention(c: RunCurves, mastery: float) -> float:
+    if len(c.domains) < 2:
+        return float("nan")
+    peak = c.domains[:-1].max(axis=0)
+    mastered = peak >= mastery
+    if not mastered.any():
+        return float("nan")
+    return float(np.minimum(c.domains[-1][mastered] / peak[mastered], 1.0).mean())
+
+
+def paired_ci(diffs: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) of the mean paired difference; t-based, NaN bounds with fewer than 2 pairs."""
+    diffs = diffs[np.isfinite(diffs)]
+    if len(diffs) == 0:
+        return float("nan"), float("nan"), float("nan")
+    mean = float(diffs.mean())
+    if len(diffs) < 2:
+        return mean, float("nan"), float("nan")
+    half = stats.t.ppf(0.5 + level / 2, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))
+    return mean, mean - float(half), mean + float(half)
+
+
+def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "uniform",
+                   target: float | None = None, metric_key: str = "heldout/macro",
+                   mastery: float = 0.8) -> Comparison:
+    """Cut every run at the common budget, score it, and pair each policy with ``baseline`` by seed."""
+    if not curves:
+        raise ValueError(f"sweep {sweep_id!r} has no runs with metric {metric_key!r}")
+    budget = float(min(c.rollouts[-1] for c in curves))
+    cut = [c.cut(budget) for c in curves]
+    if target is None:  # default: 90% of the baseline's final macro, a level the baseline reaches
+        base_final = [c.macro[-1] for c in cut if c.label == baseline] or [c.macro[-1] for c in cut]
+        target = round(0.9 * float(np.mean(base_final)), 3)
+    scored: dict[str, dict[int, dict]] = {}
+    for c in cut:
+        scored.setdefault(c.label, {})[c.seed] = run_metrics(c, target, mastery)
+    if baseline not in scored:
+        raise ValueError(f"sweep {sweep_id!r} has no {baseline!r} runs to compare with "
+                         f"(policies: {', '.join(sorted(scored))})")
+    last_step = {c.label: c.steps[-1] + 1 for c in cut}
+    result = Comparison(sweep_id, baseline, budget, float(target), metric_key)
+    for label in _ordered(scored, baseline):
+        result.policies[label] = {m: _summary(scored[label], scored[baseline], m, last_step[label])
+                                  for m in METRICS}
+    return result
+
+
+def _summary(runs: dict[int, dict], base: dict[int, dict], metric: str, never: float) -> dict:
+    values = np.array([r[metric] for r in runs.values()], dtype=float)
+    seeds = sorted(set(runs) & set(base))
+    diffs = np.array([runs[s][metric] - base[s][metric] for s in seeds], dtype=float)
+    mean_diff, lo, hi = paired_ci(diffs)
+    out = {"mean": _num(np.nanmean(values)) if np.isfinite(values).any() else None,
+           "n": len(values), "pairs": len(seeds), "diff": _num(mean_diff), "lo": _num(lo), "hi": _num(hi),
+           "values": [_num(v) for v in values]}
+    if metric == "to_target":
+        out["censored"] = int((values >= never).sum())
+    return out
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or not np.isfinite(x) else round(float(x), 5)
+
+
+def _ordered(scored: dict, baseline: str) -> list[str]:
+    return [baseline] + sorted(k for k in scored if k != baseline)
+
+
+def compare_sweep(store, sweep_id: str, baseline: str = "uniform", target: float | None = None,
+                  metric_key: str = "heldout/macro") -> Comparison:
+    runs = [r for r in store.sweep_runs(sweep_id) if r["status"] == "finished"]
+    if not runs:
+        raise ValueError(f"no finished runs with sweep id {sweep_id!r} in {store.url!r}")
+    labels = split_labels(runs)
+    curves = []
+    for run in runs:
+        c = load_run(store, run, metric_key)
+        if c is not None:
+            c.label = labels[run["id"]]
+            curves.append(c)
+    mastery = float(((runs[0].get("config") or {}).get("sim") or {}).get("mastery", 0.8))
+    return compare_curves(curves, sweep_id, baseline, target, metric_key, mastery)
+
+
+# -- printing ----------------------------------------------------------------------------------------
+HEADERS = {"auc": "AUC", "final": "final", "worst10": "worst 10%", "to_target": "steps to target",
+           "retention": "retention", "zero_var": "zero-var share"}
+
+
+def format_table(cmp: Comparison) -> str:
+    """A plain-text table: per policy, each metric's mean and its paired difference from baseline.
+
+    A ``*`` marks an interval that excludes zero; ``>`` marks steps-to-target bounds where some
+    run never reached the target.
+    """
+    lines = [f"sweep {cmp.sweep_id}: budget {int(cmp.budget)} rollouts per run, target macro {cmp.target:.3f}, "
+             f"differences vs {cmp.baseline} with paired-seed 95% CIs (* excludes 0)"]
+    head = ["policy", "seeds"] + [HEADERS[m] for m in METRICS]
+    rows = [head]
+    for label, metrics in cmp.policies.items():
+        row = [label, str(metrics["auc"]["n"])]
+        for m in METRICS:
+            row.append(_cell(metrics[m], m, label == cmp.baseline))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def _cell(s: dict, metric: str, is_base: bool) -> str:
+    fmt = (lambda v: f"{v:.0f}") if metric == "to_target" else (lambda v: f"{v:.3f}")
+    if s["mean"] is None:
+        return "-"
+    mark = ">" if s.get("censored") else ""
+    text = f"{mark}{fmt(s['mean'])}"
+    if is_base or s["diff"] is None:
+        return text
+    sign = (lambda v: f"{v:+.0f}") if metric == "to_target" else (lambda v: f"{v:+.3f}")
+    if s["lo"] is None:
+        return f"{text} ({sign(s['diff'])})"
+    star = "*" if s["lo"] > 0 or s["hi"] < 0 else ""
+    return f"{text} ({sign(s['diff'])} [{sign(s['lo'])},{sign(s['hi'])}]{star})"

@@ -1,0 +1,85 @@
+"""Comparison metrics, budget matching and paired-seed intervals; `palestra compare` on a tiny sweep."""
+import json
+
+import numpy as np
+import pytest
+
+from curriculum.cli import main
+from curriculum.compare import RunCurves, compare_curves, paired_ci, run_metrics
+from curriculum.config import parse_difficulty, parse_policy
+from curriculum.sim.config import ScenarioConfig, SimAppConfig
+from curriculum.sim.runner import run_sim
+from curriculum.store import StatsStore
+
+
+def curves(label, seed, macro, rollouts_per_step=10, domains=None):
+    macro = np.asarray(macro, dtype=float)
+    steps = np.arange(1, len(macro) + 1, dtype=float)
+    doms = np.asarray(domains if domains is not None else np.zeros((0, 0)), dtype=float)
+    dsteps = steps[: len(doms)] if len(doms) else np.zeros(0)
+    return RunCurves(f"{label}{seed}", label, seed, steps, steps * rollouts_per_step, macro,
+                     np.full(len(macro), np.nan), np.zeros(len(macro)), dsteps, doms)
+
+
+def test_paired_ci_by_hand():
+    # diffs 1, 2, 3: mean 2, sd 1, t(0.975, 2 dof) = 4.3027, half width 4.3027 / sqrt(3) = 2.4841
+    mean, lo, hi = paired_ci(np.array([1.0, 2.0, 3.0]))
+    assert mean == 2.0
+    assert (lo, hi) == pytest.approx((2 - 2.4841, 2 + 2.4841), abs=1e-4)
+    assert np.isnan(paired_ci(np.array([1.0]))[1])
+
+
+def test_run_metrics_by_hand():
+    # domain 0 peaks at 0.9 then ends at 0.45 (retention 0.5); domain 1 ends at its peak 0.8 (1.0)
+    c = curves("u", 0, [0.2, 0.4, 0.6, 0.6], domains=[[0.1, 0.2], [0.9, 0.5], [0.7, 0.8], [0.45, 0.8]])
+    m = run_metrics(c, target=0.5, mastery=0.8)
+    assert m["auc"] == pytest.approx((0.2 + 0.4 + 0.6 + 0.6) / 4)  # equal rollouts per step: the mean
+    assert m["final"] == 0.6 and m["to_target"] == 3.0
+    assert m["retention"] == pytest.approx((0.5 + 1.0) / 2)
+    assert m["worst10"] == 0.45  # no logged worst decile: the worst domain of 2 at the end
+    assert run_metrics(c, target=0.99)["to_target"] == 5.0  # never reached: last step + 1
+
+
+def test_budget_matching_and_paired_differences():
+    runs = []
+    for seed in range(4):
+        base = 0.1 * seed + np.linspace(0.1, 0.5, 10)
+        runs.append(curves("uniform", seed, base))
+        # better by 0.05 everywhere, but ran longer: the extra steps must not count
+        runs.append(curves("sec", seed, np.concatenate([base + 0.05 + 0.001 * seed, np.full(5, 1.0)])))
+    cmp = compare_curves(runs, "sw", target=0.3)
+    assert cmp.budget == 100
+    auc = cmp.policies["sec"]["auc"]
+    assert auc["pairs"] == 4 and auc["diff"] == pytest.approx(0.0515)
+    assert 0 < auc["lo"] < auc["diff"] < auc["hi"]
+    assert cmp.policies["sec"]["final"]["diff"] == pytest.approx(0.0515)
+    assert list(cmp.policies) == ["uniform", "sec"]
+    with pytest.raises(ValueError, match="no 'uniform' runs"):
+        compare_curves([r for r in runs if r.label == "sec"], "sw")
+
+
+@pytest.fixture()
+def sweep_db(tmp_path):
+    url = f"sqlite:///{tmp_path / 'sweep.db'}"
+    sim = ScenarioConfig(domains=12, levels=3, steps=15, prompts_per_step=8, group_size=4, cluster_size=4)
+    with StatsStore(url) as store:
+        for policy in ("uniform", "sec"):
+            for seed in range(3):
+                cfg = SimAppConfig(sim=sim, policy=parse_policy({"type": policy}), seed=seed, sweep_id="sw1",
+                                   difficulty=parse_difficulty({"type": "threshold"}))
+                run_sim(cfg, store)
+    return url
+
+
+def test_cli_compare_table_and_json(sweep_db, capsys):
+    assert main(["compare", "--db", sweep_db, "--sweep", "sw1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["budget_rollouts"] == 15 * 8 * 4 and list(out["policies"]) == ["uniform", "sec"]
+    sec = out["policies"]["sec"]
+    assert sec["auc"]["pairs"] == 3 and sec["auc"]["lo"] <= sec["auc"]["diff"] <= sec["auc"]["hi"]
+    assert set(sec) == {"auc", "final", "worst10", "to_target", "retention", "zero_var"}
+    assert main(["compare", "--db", sweep_db, "--sweep", "sw1", "--target", "0.2"]) == 0
+    table = capsys.readouterr().out
+    assert "target macro 0.200" in table and table.count("\n") == 4
+    assert main(["compare", "--db", sweep_db, "--sweep", "nope"]) == 2
+    assert "no finished runs" in capsys.readouterr().err
