@@ -53,6 +53,7 @@ class CodeConfig(DomainConfig):
     """Options shared by every code domain."""
 
     verify_timeout_s: float = 60.0  # the pool's hard deadline; the sandbox's own limits act first
+    max_new_tokens: int | None = Field(48, gt=0)  # the procedural references are at most 42 characters
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     reward: Literal["all_pass", "fraction"] = "all_pass"
     max_tests: int | None = Field(None, ge=1)  # run at most this many cases per task
