@@ -1,15 +1,15 @@
-"""Typed configuration of the curriculum: mixing policy, difficulty controller, store (DESIGN §7).
+"""Typed configuration of the curriculum: mixing policy, difficulty, prompt selection, store (DESIGN §7).
 
-Hydra composes ``conf/policy/<type>.yaml``, ``conf/difficulty/<type>.yaml`` and
-``conf/store/*.yaml`` under the keys ``policy``, ``difficulty`` and ``store``; the plain container
-is validated here. Every model forbids unknown keys and the unions are discriminated by ``type``,
-so a typo fails in one line naming the field.
+Hydra composes ``conf/policy/<type>.yaml``, ``conf/difficulty/<type>.yaml``,
+``conf/selection/<mode>.yaml`` and ``conf/store/*.yaml`` under the keys ``policy``, ``difficulty``,
+``selection`` and ``store``; the plain container is validated here. Every model forbids unknown
+keys and the unions are discriminated by ``type``, so a typo fails in one line naming the field.
 """
 from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from curriculum.difficulty import CONTROLLERS, DifficultyController, LevelTable
 from curriculum.policies import POLICIES, MixingPolicy, Wrapped
@@ -149,6 +149,49 @@ def build_difficulty(cfg: DifficultyConfig, domain_levels: dict[str, tuple[int, 
 # -- store -----------------------------------------------------------------------------------------
 class StoreConfig(_Strict):
     url: str | None = Field(None, description="SQLAlchemy URL; None: SQLite at <run dir>/palestra.db")
+
+
+# -- prompt selection (within a domain) ---------------------------------------------------------------
+SelectionMode = Literal["streak", "beta", "retire"]
+
+
+class SelectionConfig(_Strict):
+    """Prompt-level selection inside a domain (``curriculum.prompts.PromptSelector``).
+
+    ``mode`` names the rules to combine: ``none`` (or ``[]``), one name, or a list such as
+    ``[beta, retire]``. ``streak`` and ``retire`` filter the candidates, ``beta`` ranks them.
+    """
+
+    mode: tuple[SelectionMode, ...] = Field((), description="rules in use: streak, beta, retire; none: first n")
+    candidates_factor: int = Field(4, ge=1, description="the trainer draws n * factor candidates per (domain, level)")
+    domains: list[str] | None = Field(None, description="domains whose prompts repeat (dataset-backed); None: all")
+    # streak (GRESO-style pre-rollout skipping)
+    streak_threshold: int = Field(2, ge=1, description="all-correct/all-wrong groups in a row before skipping")
+    skip_prob: float = Field(0.5, ge=0, lt=1, description="skip chance at the threshold; grows with the streak")
+    skip_decay: float = Field(0.99, gt=0, le=1, description="skip chance x decay per step since the last attempt")
+    # beta (MoPPS-style Thompson selection)
+    target: float = Field(0.5, gt=0, lt=1, description="success rate the Thompson draws should be near")
+    discount: float = Field(1.0, gt=0, le=1, description="old evidence kept per observed step (MoPPS lambda)")
+    # retire (ScaleRL-style)
+    retire_threshold: float = Field(0.9, gt=0, le=1, description="success rate at which a prompt retires")
+    retire_min_attempts: int = Field(16, ge=1, description="attempts before a prompt may retire")
+    replay_share: float = Field(0.05, ge=0, lt=1, description="share of the picks kept for retired prompts")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _modes(cls, value):
+        if value is None or value == "none":
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        modes = tuple(v for v in value if v != "none")
+        if len(set(modes)) != len(modes):
+            raise ValueError(f"a mode is named twice in {list(value)}")
+        return modes
+
+    @property
+    def active(self) -> bool:
+        return bool(self.mode)
 
 
 class CurriculumConfig(_Strict):

@@ -8,7 +8,8 @@ themselves. The SQL is portable (no SQLite-only features) so the same code runs 
 Tables: runs; results (one row per completion, the completion zlib-compressed); step_stats (per
 step and (domain, level)); plans (per step, one row per domain that got prompts); plan_vectors (per
 step, the full weight and level vectors as JSON lists — a row per domain per step would dominate
-the write at a thousand domains); metrics (per step, JSON); meta (schema_version).
+the write at a thousand domains); metrics (per step, JSON); meta (schema_version); prompt_steps and prompt_stats (per prompt, for
+the within-domain PromptSelector: see ``write_prompt_step``).
 
 Writes are batched: ``write_step`` is one transaction per step, and it replaces whatever that
 (run, step) held before (delete, then insert), so a resumed run that replays a step never counts
@@ -46,7 +47,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 if TYPE_CHECKING:
@@ -61,6 +62,10 @@ _MAX_PARAMS = 999  # host parameters per statement: the smallest limit of any SQ
 
 # BIGINT autoincrement is spelled differently per backend; SQLite only autoincrements INTEGER.
 _RowId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class StoreUnavailable(RuntimeError):
+    """The database stayed unreachable (or locked) through every retry."""
 
 
 class SchemaVersionError(RuntimeError):
@@ -165,6 +170,40 @@ class TaskRow(Base):
     task: Mapped[bytes] = mapped_column(LargeBinary)  # zlib-compressed Task JSON
 
 
+class PromptStepRow(Base):
+    """What one step taught about one prompt: the delta that ``prompt_stats`` sums.
+
+    ``tail_correct`` / ``tail_wrong``: how many of the step's last groups of this prompt (in group
+    order) were all-correct / all-wrong; with ``groups`` they carry the streaks across steps.
+    """
+
+    __tablename__ = "prompt_steps"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    domain: Mapped[str] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(Integer)
+    successes: Mapped[int] = mapped_column(Integer)
+    groups: Mapped[int] = mapped_column(Integer)
+    tail_correct: Mapped[int] = mapped_column(Integer)
+    tail_wrong: Mapped[int] = mapped_column(Integer)
+
+
+class PromptStatRow(Base):
+    """Per prompt totals over a run: what the PromptSelector reads back."""
+
+    __tablename__ = "prompt_stats"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    domain: Mapped[str] = mapped_column(String(200), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    attempts: Mapped[int] = mapped_column(Integer)
+    successes: Mapped[int] = mapped_column(Integer)
+    groups: Mapped[int] = mapped_column(Integer)
+    all_correct_streak: Mapped[int] = mapped_column(Integer)  # groups, most recent first
+    all_wrong_streak: Mapped[int] = mapped_column(Integer)
+    last_step: Mapped[int] = mapped_column(Integer)
+
+
 class MetaRow(Base):
     __tablename__ = "meta"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -216,6 +255,8 @@ class StatsStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
+        # ~15 s of back-off in all: rides out a busy file or a server restart, not an outage
+        self.retry_delays_s: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
         self._insert_cache: dict[tuple, str] = {}
         self._create_schema()
 
@@ -284,11 +325,31 @@ class StatsStore:
 
         ``step_stats`` (per (domain, level) aggregates) is computed from ``outcomes`` when not
         given; the scheduler passes the ones it already computed so both views agree exactly.
+        Transient failures (a busy SQLite file, a dropped server connection) are retried with
+        back-off; a store that stays unreachable raises StoreUnavailable.
         """
         stats = step_stats if step_stats is not None else aggregate_outcomes(outcomes)
         result_rows = _ResultColumns([_result_row(run_id, step, o) for o in outcomes])
         stat_rows = [{"run_id": run_id, "step": step, **s} for s in stats]
         plan_rows = _plan_rows(run_id, step, plan)
+        self._retrying(f"writing step {step}",
+                       lambda: self._write_step_once(run_id, step, plan, metrics, result_rows, stat_rows, plan_rows))
+
+    def _retrying(self, what: str, action: Any) -> Any:
+        for delay in (*self.retry_delays_s, None):
+            try:
+                return action()
+            except (OperationalError, InterfaceError) as exc:  # locked, busy, connection lost
+                if delay is None:
+                    raise StoreUnavailable(
+                        f"{what} to {self.engine.url.render_as_string(hide_password=True)} failed "
+                        f"{len(self.retry_delays_s) + 1} times: {' '.join(str(exc.orig or exc).split())[:300]}"
+                    ) from exc
+                if getattr(exc, "connection_invalidated", False):
+                    self.engine.dispose()  # drop the pool's dead connections before trying again
+                time.sleep(delay)
+
+    def _write_step_once(self, run_id, step, plan, metrics, result_rows, stat_rows, plan_rows) -> None:
         with self.engine.begin() as conn:
             for table in _STEP_TABLES:  # delete first: re-writing a step replaces it
                 conn.execute(delete(table).where(table.run_id == run_id, table.step == step))
@@ -429,6 +490,50 @@ class StatsStore:
                                 weight=weight, level=level))
         return summary
 
+    # -- per-prompt statistics (PromptSelector) -------------------------------------------------
+    def write_prompt_step(self, run_id: str, step: int, deltas: list[dict]) -> None:
+        """Record one step's per-prompt deltas and fold them into ``prompt_stats``: ONE transaction.
+
+        ``deltas``: dicts with the ``PromptStepRow`` columns but run_id and step (see
+        ``curriculum.prompts.step_deltas``). Steps are recorded in order, so recording ``step``
+        replaces what the run stored for it and drops anything stored *after* it (the tail of a
+        run that crashed after its last checkpoint): a resumed run never counts a step twice.
+        The common case (nothing to replace) adds the deltas to the stored totals; otherwise the
+        totals of every prompt involved are recomputed from ``prompt_steps``.
+        """
+        rows = [{"run_id": run_id, "step": int(step), **d} for d in deltas]
+        with self.engine.begin() as conn:
+            stale = _stale_prompts(conn, run_id, step)
+            if stale:
+                conn.execute(delete(PromptStepRow).where(PromptStepRow.run_id == run_id,
+                                                         PromptStepRow.step >= step))
+            self._bulk_insert(conn, PromptStepRow, rows)
+            touched = {(d["domain"], d["task_id"]) for d in deltas}
+            if stale:
+                totals = _prompt_totals_from_steps(conn, run_id, touched | stale)
+            else:
+                totals = _fold_deltas(_stored_prompt_totals(conn, run_id, touched), rows)
+            _replace_prompt_totals(conn, run_id, touched | stale, totals)
+            self._bulk_insert(conn, PromptStatRow, [{"run_id": run_id, **t} for t in totals.values()])
+
+    def prompt_stats(self, run_id: str, domain: str | None = None) -> list[dict]:
+        """Per prompt totals of a run (optionally of one domain), ordered by domain and task id."""
+        t = PromptStatRow.__table__
+        query = select(t).where(t.c.run_id == run_id)
+        if domain is not None:
+            query = query.where(t.c.domain == domain)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query.order_by(t.c.domain, t.c.task_id)).mappings()]
+
+    def prompt_steps(self, run_id: str, until_step: int | None = None) -> list[dict]:
+        """Per step, per prompt deltas of a run (up to ``until_step``), in step order."""
+        t = PromptStepRow.__table__
+        query = select(t).where(t.c.run_id == run_id)
+        if until_step is not None:
+            query = query.where(t.c.step <= until_step)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query.order_by(t.c.step, t.c.task_id)).mappings()]
+
     # -- sweeps ------------------------------------------------------------------------------
     def sweep_runs(self, sweep_id: str) -> list[dict]:
         """The runs recorded under ``sweep_id``, configs included, oldest first."""
@@ -510,6 +615,94 @@ def aggregate_outcomes(outcomes: "Iterable[Outcome]") -> list[dict]:
     for cell in cells.values():
         cell["mean_abs_adv"] = cell["abs_adv_sum"] / cell["attempts"]
     return list(cells.values())
+
+
+# -- per-prompt totals ------------------------------------------------------------------------------
+_PROMPT_KEYS_PER_QUERY = 400  # task ids per IN (...) list, well under any driver's parameter limit
+
+
+def empty_prompt_total(domain: str, task_id: str) -> dict:
+    return dict(domain=domain, task_id=task_id, attempts=0, successes=0, groups=0,
+                all_correct_streak=0, all_wrong_streak=0, last_step=-1)
+
+
+def fold_prompt_delta(total: dict, delta: dict, step: int) -> dict:
+    """``total`` after one more step's ``delta`` (both dicts with the PromptStat/PromptStep columns).
+
+    A streak counts groups: if every group of the step was all-correct the streak grows by the
+    step's groups, otherwise it restarts at the step's trailing run (one of the tails is 0).
+    """
+    out = dict(total)
+    out["attempts"] += int(delta["attempts"])
+    out["successes"] += int(delta["successes"])
+    out["groups"] += int(delta["groups"])
+    groups = int(delta["groups"])
+    if groups and delta["tail_correct"] == groups:
+        out["all_correct_streak"], out["all_wrong_streak"] = total["all_correct_streak"] + groups, 0
+    elif groups and delta["tail_wrong"] == groups:
+        out["all_correct_streak"], out["all_wrong_streak"] = 0, total["all_wrong_streak"] + groups
+    else:
+        out["all_correct_streak"], out["all_wrong_streak"] = int(delta["tail_correct"]), int(delta["tail_wrong"])
+    out["last_step"] = int(step)
+    return out
+
+
+def _chunks(items: list, size: int = _PROMPT_KEYS_PER_QUERY):
+    for k in range(0, len(items), size):
+        yield items[k:k + size]
+
+
+def _by_domain(keys: set[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for domain, task_id in sorted(keys):
+        out.setdefault(domain, []).append(task_id)
+    return out
+
+
+def _stale_prompts(conn: Any, run_id: str, step: int) -> set[tuple[str, str]]:
+    """Prompts with rows at ``step`` or later: a step being re-recorded, or a crashed run's tail."""
+    query = select(PromptStepRow.domain, PromptStepRow.task_id).where(
+        PromptStepRow.run_id == run_id, PromptStepRow.step >= step).distinct()
+    return {(d, t) for d, t in conn.execute(query)}
+
+
+def _stored_prompt_totals(conn: Any, run_id: str, keys: set[tuple[str, str]]) -> dict[tuple[str, str], dict]:
+    t = PromptStatRow.__table__
+    found: dict[tuple[str, str], dict] = {}
+    for domain, ids in _by_domain(keys).items():
+        for chunk in _chunks(ids):
+            query = select(t).where(t.c.run_id == run_id, t.c.domain == domain, t.c.task_id.in_(chunk))
+            for row in conn.execute(query).mappings():
+                found[(row["domain"], row["task_id"])] = {k: v for k, v in row.items() if k != "run_id"}
+    return found
+
+
+def _fold_deltas(totals: dict[tuple[str, str], dict], rows: list[dict]) -> dict[tuple[str, str], dict]:
+    for row in rows:
+        key = (row["domain"], row["task_id"])
+        totals[key] = fold_prompt_delta(totals.get(key) or empty_prompt_total(*key), row, row["step"])
+    return totals
+
+
+def _prompt_totals_from_steps(conn: Any, run_id: str, keys: set[tuple[str, str]]) -> dict[tuple[str, str], dict]:
+    """Totals of ``keys`` recomputed from every stored step (the slow, always-correct path)."""
+    t = PromptStepRow.__table__
+    rows: list[dict] = []
+    for domain, ids in _by_domain(keys).items():
+        for chunk in _chunks(ids):
+            query = select(t).where(t.c.run_id == run_id, t.c.domain == domain, t.c.task_id.in_(chunk))
+            rows.extend(dict(r) for r in conn.execute(query).mappings())
+    rows.sort(key=lambda r: r["step"])
+    return _fold_deltas({}, rows)  # a prompt whose every step went drops out of prompt_stats
+
+
+def _replace_prompt_totals(conn: Any, run_id: str, keys: set[tuple[str, str]], totals: dict) -> None:
+    # delete then insert (the portable upsert); the caller inserts ``totals`` in the same transaction
+    for domain, ids in _by_domain(keys).items():
+        for chunk in _chunks(ids):
+            conn.execute(delete(PromptStatRow).where(PromptStatRow.run_id == run_id,
+                                                     PromptStatRow.domain == domain,
+                                                     PromptStatRow.task_id.in_(chunk)))
 
 
 def _plain(value: Any) -> Any:
