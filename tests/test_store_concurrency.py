@@ -1,0 +1,115 @@
+"""Many writers on one store lose nothing; transient failures are retried; outages end clearly."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sqlite3
+import threading
+import time
+
+import numpy as np
+import pytest
+from sqlalchemy import text
+
+from curriculum.store import Base, StatsStore, StoreUnavailable, make_engine
+from curriculum.types import Outcome, Plan
+
+PG_URL = os.environ.get("PALESTRA_TEST_PG_URL")
+WRITERS, STEPS, PER_STEP = 4, 20, 500  # 4 writers x 10,000 results
+
+
+@pytest.fixture(params=["sqlite"] + (["postgresql"] if PG_URL else []))
+def url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shared.db'}"
+    engine = make_engine(PG_URL)
+    Base.metadata.drop_all(engine)
+    engine.dispose()
+    return PG_URL
+
+
+def _plan(step: int) -> Plan:
+    return Plan(step=step, domains=["a", "b"], weights=np.array([0.5, 0.5]), levels=np.array([1, 1]),
+                counts={("a", 1): 1, ("b", 1): 1})
+
+
+def _outcomes(writer: int, step: int) -> list[Outcome]:
+    return [Outcome(domain="ab"[i % 2], level=1, task_id=f"w{writer}s{step}i{i}", group=i // 8, reward=float(i % 3 == 0),
+                    correct=i % 3 == 0, status="ok", completion=f"answer {i}") for i in range(PER_STEP)]
+
+
+def _writer(url: str, writer: int, run_ids) -> None:
+    store = StatsStore(url)
+    run_id = store.start_run(f"writer{writer}", {}, seed=writer, sweep_id="concurrency")
+    run_ids.append(run_id)
+    for step in range(1, STEPS + 1):
+        store.write_step(run_id, step, _plan(step), _outcomes(writer, step))
+    store.finish_run(run_id)
+    store.close()
+
+
+def test_four_writer_processes_lose_nothing(url):
+    StatsStore(url).close()  # create the schema once, as the first run of a sweep would
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        run_ids = manager.list()
+        procs = [ctx.Process(target=_writer, args=(url, w, run_ids)) for w in range(WRITERS)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        assert [p.exitcode for p in procs] == [0] * WRITERS
+        ids = list(run_ids)
+    with StatsStore(url) as store:
+        counts = [store.count_results(r) for r in ids]
+        assert counts == [STEPS * PER_STEP] * WRITERS
+        assert {r["status"] for r in store.runs()} == {"finished"}
+
+
+def test_a_locked_sqlite_file_is_waited_for(tmp_path):
+    url = f"sqlite:///{tmp_path / 'locked.db'}"
+    store = StatsStore(url)
+    run_id = store.start_run("r", {}, seed=0)
+    blocker = sqlite3.connect(tmp_path / "locked.db", isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN EXCLUSIVE")  # another process holding the write lock
+    store.engine.dispose()
+    with store.engine.connect() as conn:  # shorten the driver's own wait so our retries do the work
+        conn.exec_driver_sql("PRAGMA busy_timeout=50")
+    threading.Timer(0.6, blocker.rollback).start()
+    store.write_step(run_id, 1, _plan(1), _outcomes(0, 1)[:10])
+    assert store.count_results(run_id) == 10
+    blocker.close()
+
+
+def test_a_store_that_stays_locked_fails_with_a_clear_error(tmp_path):
+    url = f"sqlite:///{tmp_path / 'stuck.db'}"
+    store = StatsStore(url)
+    run_id = store.start_run("r", {}, seed=0)
+    store.retry_delays_s = (0.01, 0.02)
+    blocker = sqlite3.connect(tmp_path / "stuck.db", isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA busy_timeout=10")
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="writing step 1 .* failed 3 times: database is locked"):
+        store.write_step(run_id, 1, _plan(1), _outcomes(0, 1)[:10])
+    assert time.monotonic() - started < 20
+    blocker.rollback()
+    blocker.close()
+
+
+@pytest.mark.skipif(not PG_URL, reason="needs PALESTRA_TEST_PG_URL (make test starts a server)")
+def test_a_dropped_postgres_connection_is_retried():
+    engine = make_engine(PG_URL)
+    Base.metadata.drop_all(engine)
+    engine.dispose()
+    store = StatsStore(PG_URL)
+    run_id = store.start_run("r", {}, seed=0)
+    store.write_step(run_id, 1, _plan(1), _outcomes(0, 1)[:10])  # the pool now holds a connection
+    admin = make_engine(PG_URL)
+    with admin.begin() as conn:  # the server drops every other session, as a restart or failover would
+        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+    admin.dispose()
+    store.write_step(run_id, 2, _plan(2), _outcomes(0, 2)[:10])
+    assert store.count_results(run_id) == 20
