@@ -101,7 +101,12 @@ def report_run(store, run_id: str, out: str | Path) -> str:
     steps = np.array([v["step"] for v in vectors], dtype=float)
     weights = np.array([v["weights"] for v in vectors], dtype=float)
     levels = np.array([v["levels"] for v in vectors], dtype=float)
-    images = [_heatmap(out / "weights.png", steps, weights, "mixture weights", "weight", cmap="viridis"),
+    from matplotlib.colors import LogNorm
+
+    # weight × D: 1 is the uniform share; a log scale shows starved and favoured domains alike
+    relative = np.clip(weights * len(domains), 0.05, 20.0)
+    images = [_heatmap(out / "weights.png", steps, relative, "mixture weight relative to uniform (w·D)",
+                       "w·D (log)", cmap="coolwarm", norm=LogNorm(vmin=0.05, vmax=20.0)),
               _heatmap(out / "levels.png", steps, levels, "difficulty level", "level", cmap="magma")]
     curves = load_run(store, run)
     if curves is not None and len(curves.domains):
