@@ -226,7 +226,10 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 
 def _sqlite_begin(conn: Any) -> None:
-    conn.exec_driver_sql("BEGIN")
+    # IMMEDIATE takes the write lock up front. A plain (deferred) BEGIN that reads and then writes
+    # fails at once with "database is locked" under WAL when another connection wrote in between:
+    # SQLite cannot upgrade a stale read snapshot, and the busy timeout does not apply to that.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_engine(url: str) -> Engine:

@@ -32,3 +32,14 @@ def test_one_override_trains(tmp_path, name):
         config = store.run(summary["run_id"])["config"]
     key, value = override.split("=")
     assert config[key]["type"] == value
+
+
+@pytest.mark.parametrize("selection", ["streak", "beta", "retire"])
+def test_prompt_selection_trains_and_keeps_prompt_stats(tmp_path, selection):
+    summary = _train(tmp_path, f"selection={selection}")
+    with StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}") as store:
+        assert store.count_results(summary["run_id"]) == 2 * 4 * 2
+        stats = store.prompt_stats(summary["run_id"])
+        metrics = store.metrics(summary["run_id"])
+    assert sum(s["attempts"] for s in stats) == 2 * 4 * 2  # every completion counted once per prompt
+    assert any(key.startswith("selection/") for key in metrics[-1])

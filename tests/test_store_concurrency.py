@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from curriculum.store import Base, StatsStore, StoreUnavailable, make_engine
 from curriculum.types import Outcome, Plan
@@ -66,15 +66,18 @@ def test_four_writer_processes_lose_nothing(url):
         assert {r["status"] for r in store.runs()} == {"finished"}
 
 
+def _short_busy_timeout(store: StatsStore, ms: int) -> None:
+    store.engine.dispose()
+    event.listen(store.engine, "connect", lambda dbapi_conn, _: dbapi_conn.execute(f"PRAGMA busy_timeout={ms}"))
+
+
 def test_a_locked_sqlite_file_is_waited_for(tmp_path):
     url = f"sqlite:///{tmp_path / 'locked.db'}"
     store = StatsStore(url)
     run_id = store.start_run("r", {}, seed=0)
+    _short_busy_timeout(store, 50)  # so that our retries, not the driver's own wait, do the work
     blocker = sqlite3.connect(tmp_path / "locked.db", isolation_level=None, check_same_thread=False)
     blocker.execute("BEGIN EXCLUSIVE")  # another process holding the write lock
-    store.engine.dispose()
-    with store.engine.connect() as conn:  # shorten the driver's own wait so our retries do the work
-        conn.exec_driver_sql("PRAGMA busy_timeout=50")
     threading.Timer(0.6, blocker.rollback).start()
     store.write_step(run_id, 1, _plan(1), _outcomes(0, 1)[:10])
     assert store.count_results(run_id) == 10
@@ -86,10 +89,9 @@ def test_a_store_that_stays_locked_fails_with_a_clear_error(tmp_path):
     store = StatsStore(url)
     run_id = store.start_run("r", {}, seed=0)
     store.retry_delays_s = (0.01, 0.02)
+    _short_busy_timeout(store, 10)
     blocker = sqlite3.connect(tmp_path / "stuck.db", isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
-    with store.engine.connect() as conn:
-        conn.exec_driver_sql("PRAGMA busy_timeout=10")
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="writing step 1 .* failed 3 times: database is locked"):
         store.write_step(run_id, 1, _plan(1), _outcomes(0, 1)[:10])

@@ -10,7 +10,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from curriculum.config import DifficultyConfig, PolicyConfig, StoreConfig
+from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig
 from trainer.health import HealthConfig
 
 
@@ -102,6 +102,7 @@ class PalestraConfig(Strict):
     policy: PolicyConfig
     difficulty: DifficultyConfig
     store: StoreConfig = StoreConfig()
+    selection: SelectionConfig = SelectionConfig()
     trainer: TrainerConfig = TrainerConfig()
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()

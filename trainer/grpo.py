@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from curriculum.prompts import PromptSelector
 from curriculum.scheduler import Scheduler
 from curriculum.store import StatsStore
 from curriculum.types import Outcome, Plan
@@ -84,7 +85,11 @@ class GRPORecipe:
             stored_config = {**cfg.model_dump(mode="json"), "versions": library_versions()}
             self.run_id = self.store.start_run(cfg.name, stored_config, cfg.seed, sweep_id=cfg.sweep_id)
             self.scheduler = Scheduler(run_id=self.run_id, **self.scheduler_args)
+            self.tasks.selector = self._selector()
         self.logger = MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.table_every)
+
+    def _selector(self) -> PromptSelector:
+        return PromptSelector(self.cfg.selection, seed=self.cfg.seed, store=self.store, run_id=self.run_id)
 
     def _resume(self, path: Path) -> None:
         state = checkpoint.load(path, self.model, self.optimizer, self.lr_schedule)
@@ -96,6 +101,8 @@ class GRPORecipe:
         self.scheduler = Scheduler(run_id=self.run_id, **self.scheduler_args)
         self.scheduler.load_state_dict(state["scheduler"])
         self.tasks.load_state_dict(state["tasks"])
+        self.tasks.selector = self._selector()
+        self.tasks.selector.load_state_dict(state["selector"])
         self.generator.set_state(state["generator"])
         checkpoint.restore_rng(state["rng"])
         self.history = state.get("history", {})
@@ -161,7 +168,10 @@ class GRPORecipe:
         start = time.perf_counter()
         assert self.store is not None
         self.store.save_tasks(self.run_id, {task.id: task.to_json() for b in recorded for task in b.tasks})
-        self.scheduler.record(step, self._outcomes(recorded, batch, advantages), metrics)
+        outcomes = self._outcomes(recorded, batch, advantages)
+        self.scheduler.record(step, outcomes, metrics)
+        self.tasks.selector.record(step, outcomes)
+        metrics.update(self.tasks.selector.metrics())
         metrics["time/record"] = time.perf_counter() - start
         assert self.logger is not None
         self.logger.log(step, metrics)
@@ -175,14 +185,15 @@ class GRPORecipe:
         Returns the batch to train on and every batch generated (discarded groups count in the
         rollout budget and are recorded in the store)."""
         t = self.cfg.trainer
-        generated = [self._collect(self.tasks.draw(plan.counts), timer)]
+        generated = [self._collect(self.tasks.draw(plan.counts, step=plan.step), timer)]
         keep = [generated[0].select(_varied(generated[0]))] if t.dynamic_sampling else [generated[0]]
         for _ in range(t.max_refill_rounds if t.dynamic_sampling else 0):
             missing = t.prompts_per_step - sum(len(b.tasks) for b in keep)
             if missing <= 0:
                 break
-            dropped = Counter((task.domain, task.level) for b in generated for task in b.tasks)
-            refill = self._collect(self.tasks.draw(_shrink(dropped, missing)), timer)
+            # refill in the plan's own proportions of (domain, level)
+            planned = Counter((task.domain, task.level) for b in generated for task in b.tasks)
+            refill = self._collect(self.tasks.draw(_shrink(planned, missing), step=plan.step), timer)
             generated.append(refill)
             keep.append(refill.select(_varied(refill)[:missing]))
         keep = [b for b in keep if b.tasks] or [generated[0]]  # nothing varied: train on zeros (no-op)
@@ -338,6 +349,7 @@ class GRPORecipe:
             self.output_dir, step, keep=self.cfg.checkpoint.keep, model=self.model, tokenizer=self.tokenizer,
             optimizer=self.optimizer, lr_schedule=self.lr_schedule,
             state={"run_id": self.run_id, "scheduler": self.scheduler.state_dict(), "tasks": self.tasks.state_dict(),
+                   "selector": self.tasks.selector.state_dict(),
                    "generator": self.generator.get_state(), "rng": checkpoint.capture_rng(), "history": self.history},
         )
 

@@ -3,21 +3,30 @@ from __future__ import annotations
 
 import random
 
+from curriculum.prompts import PromptSelector
 from domains.api import Domain, Task
 
 
 class TaskSource:
-    def __init__(self, domains: dict[str, Domain], heldout_ids: set[str], seed: int) -> None:
+    def __init__(self, domains: dict[str, Domain], heldout_ids: set[str], seed: int,
+                 selector: PromptSelector | None = None) -> None:
         self.domains = domains
         self.heldout_ids = heldout_ids
         self.rng = random.Random(f"train/{seed}")
+        self.selector = selector
 
-    def draw(self, counts: dict[tuple[str, int], int]) -> list[Task]:
-        """Tasks for each (domain, level) slot of a plan, in a deterministic order."""
+    def draw(self, counts: dict[tuple[str, int], int], step: int | None = None) -> list[Task]:
+        """Tasks for each (domain, level) slot of a plan, in a deterministic order. With a training
+        ``step`` and a prompt selector, each slot draws extra candidates and the selector picks."""
         tasks: list[Task] = []
         for (name, level), n in sorted(counts.items()):
-            if n > 0:
+            if n <= 0:
+                continue
+            if step is None or self.selector is None:
                 tasks.extend(self._draw_one(name, level, n))
+            else:
+                candidates = self._draw_one(name, level, self.selector.candidates(name, n))
+                tasks.extend(self.selector.choose(name, level, candidates, n, step))
         return tasks
 
     def _draw_one(self, name: str, level: int, n: int) -> list[Task]:
