@@ -66,6 +66,10 @@ class TrainerConfig(Strict):
     entropy_coef: float = Field(0.0, ge=0)
     sft_coef: float = Field(0.0, ge=0)  # blend a supervised loss on reference completions
     verifier_workers: int = Field(2, ge=1)
+    # Torch threads on the CPU. One by default: the models trained on CPUs are small, the verifier
+    # workers and the store writer need a core too, and OpenMP threads that spin-wait on a busy
+    # machine made small steps ten times slower in our measurements.
+    cpu_threads: int = Field(1, ge=1)
     log_every: int = Field(1, gt=0)
     table_every: int = Field(10, gt=0)
 

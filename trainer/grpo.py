@@ -61,6 +61,8 @@ class GRPORecipe:
         seed_everything(cfg.seed)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.device = pick_device(cfg.model.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(cfg.trainer.cpu_threads)
         path = model_path(cfg.model, self.output_dir, cfg.seed)
         self.tokenizer = load_tokenizer(path, tiny=cfg.model.type == "tiny")
         self.model = load_model(path, self.device)
@@ -247,12 +249,15 @@ class GRPORecipe:
             self.optimizer.zero_grad(set_to_none=True)
             for mb in chunks:
                 weight = (float(mask[mb].sum()) / total_tokens) if t.aggregation == "token_mean" else (mb.stop - mb.start) / rows
+                left, right = _padding_bounds(attn[mb], mask[mb], r.prompt_width)
                 with self._autocast():
-                    logp, entropy = sequence_logprobs(self.model, seqs[mb], attn[mb], r.prompt_width, with_entropy=True)
+                    logp, entropy = sequence_logprobs(self.model, seqs[mb, left:r.prompt_width + right],
+                                                      attn[mb, left:r.prompt_width + right], r.prompt_width - left,
+                                                      with_entropy=True)
                 out = grpo_loss(
-                    logp, old_logp[mb] if old_logp is not None else logp.detach(), adv[mb], mask[mb],
+                    logp, old_logp[mb, :right] if old_logp is not None else logp.detach(), adv[mb], mask[mb, :right],
                     eps_low=t.eps_low, eps_high=t.eps_high, aggregation=t.aggregation, max_tokens=t.max_new_tokens,
-                    ref_logp=ref_logp[mb] if ref_logp is not None else None, beta=t.beta,
+                    ref_logp=ref_logp[mb, :right] if ref_logp is not None else None, beta=t.beta,
                     entropy=entropy if t.entropy_coef > 0 else entropy.detach(), entropy_coef=t.entropy_coef,
                 )
                 (out.loss * weight).backward()
@@ -281,8 +286,13 @@ class GRPORecipe:
 
     @torch.no_grad()
     def _frozen_logprobs(self, model, seqs, attn, prompt_width, chunks) -> torch.Tensor:
+        """Log-probs [B, L] under a frozen model (old policy or reference), micro-batch by micro-batch."""
+        out = torch.zeros(seqs.shape[0], seqs.shape[1] - prompt_width, device=seqs.device)
         with self._autocast():
-            return torch.cat([sequence_logprobs(model, seqs[mb], attn[mb], prompt_width)[0] for mb in chunks])
+            for mb in chunks:
+                left = _padding_bounds(attn[mb], None, prompt_width)[0]
+                out[mb] = sequence_logprobs(model, seqs[mb, left:], attn[mb, left:], prompt_width - left)[0]
+        return out
 
     def _autocast(self):
         if self.device.type == "cuda" and self.cfg.model.dtype in ("auto", "bfloat16"):
@@ -362,6 +372,19 @@ class GRPORecipe:
             self.store.finish_run(self.run_id, status)
         if self.logger is not None:
             self.logger.close()
+
+
+def _padding_bounds(attn: torch.Tensor, mask: torch.Tensor | None, prompt_width: int) -> tuple[int, int]:
+    """Columns a micro-batch can drop: the prompt padding every row shares on the left, and (given
+    the loss mask) the completion columns after its last counted token. Batches that mix short
+    math answers with long tool episodes would otherwise pay for the longest row everywhere."""
+    real = attn[:, :prompt_width].any(dim=0).nonzero()
+    left = int(real[0]) if len(real) else 0
+    if mask is None:
+        return left, attn.shape[1] - prompt_width
+    counted = mask.any(dim=0).nonzero()
+    right = int(counted[-1]) + 1 if len(counted) else 1
+    return left, right
 
 
 def _varied(batch: StepBatch) -> list[int]:

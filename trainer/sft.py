@@ -56,6 +56,26 @@ def supervised_loss(model: torch.nn.Module, examples: list[Example], pad_id: int
     )
 
 
+def _accumulate_by_domain(model, tokenizer, tasks: list[Task], domains: dict[str, Domain]) -> float | None:
+    """Backward the batch's loss one domain at a time: lengths differ by domain (a short answer, a
+    long tool transcript), so padding each to its own longest row saves most of the compute.
+    Each part is weighted by its share of the examples; returns the batch's mean loss."""
+    by_domain: dict[str, list[Task]] = {}
+    for task in tasks:
+        by_domain.setdefault(task.domain, []).append(task)
+    parts = [reference_pairs(tokenizer, group, domains) for group in by_domain.values()]
+    total = sum(len(p) for p in parts)
+    if total == 0:
+        return None
+    mean = 0.0
+    for examples in parts:
+        if examples:
+            loss = supervised_loss(model, examples, tokenizer.pad_token_id) * (len(examples) / total)
+            loss.backward()
+            mean += loss.item()
+    return mean
+
+
 def warm_start(
     model: torch.nn.Module, tokenizer, domains: dict[str, Domain], cfg: SFTConfig, *,
     draw: Callable[[dict[tuple[str, int], int]], list[Task]], seed: int, log: Callable[[int, dict], None],
@@ -77,14 +97,13 @@ def warm_start(
         counts: dict[tuple[str, int], int] = {}
         for slot in rng.choices(slots, weights=slot_weights, k=cfg.batch_size):
             counts[slot] = counts.get(slot, 0) + 1
-        pairs = reference_pairs(tokenizer, draw(counts), domains)
-        if not pairs:
-            raise RuntimeError("SFT warm start: none of the selected domains provides reference completions")
-        loss = supervised_loss(model, pairs, tokenizer.pad_token_id)
+        tasks = draw(counts)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = _accumulate_by_domain(model, tokenizer, tasks, domains)
+        if loss is None:
+            raise RuntimeError("SFT warm start: none of the selected domains provides reference completions")
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         if step % 25 == 0 or step == cfg.steps:
-            log(step, {"sft/loss": loss.item(), "sft/lr": schedule.get_last_lr()[0]})
+            log(step, {"sft/loss": loss, "sft/lr": schedule.get_last_lr()[0]})
