@@ -117,7 +117,8 @@ class Scheduler:
         return counts
 
     # -- record -------------------------------------------------------------------------------
-    def record(self, step: int, outcomes: list[Outcome], metrics: dict | None = None) -> None:
+    def record(self, step: int, outcomes: list[Outcome], metrics: dict | None = None,
+               tasks: dict[str, dict] | None = None) -> None:
         """Write the step to the store (one transaction), then let signals, controller and policy learn.
 
         With ``write_behind`` the transaction runs on a background thread while training goes on;
@@ -132,12 +133,14 @@ class Scheduler:
             given[self.table.domains_index[domain]] += n
         cells = self.aggregate(outcomes)
         if self._writer is not None:
-            self._writer.submit(self.run_id, step, plan, list(outcomes), metrics, self._stat_rows(cells))
+            self._writer.submit(self.run_id, step, plan, list(outcomes), metrics, self._stat_rows(cells), tasks)
         elif self.store is not None:
             self.store.write_step(self.run_id, step, plan, outcomes, metrics,
-                                  step_stats=self._stat_rows(cells))
+                                  step_stats=self._stat_rows(cells), tasks=tasks)
         self._apply(step, cells, plan.weights, given)
         self._pending = {s: v for s, v in self._pending.items() if s > step}
+        if self._writer is not None:
+            self._writer.raise_if_failed()  # after _apply: the state includes this step either way
 
     def aggregate(self, outcomes: list[Outcome]) -> CellCounts:
         """Per-cell sums of one step's outcomes; a group is the outcomes sharing ``group``."""
@@ -202,8 +205,19 @@ class Scheduler:
             self._writer.close()
             self._writer = None
 
-    def state_dict(self) -> dict:
-        self.flush()  # a checkpoint must never be ahead of the store it will be reconciled with
+    def take_unwritten(self) -> list[tuple]:
+        """Steps the background writer could not store, in order, as ``write_step`` arguments
+        (run_id, step, plan, outcomes, metrics, step_stats, tasks). A checkpoint carries them so a resume
+        writes them first and nothing recorded is lost."""
+        if self._writer is None:
+            return []
+        self._writer.queue.join()
+        taken, self._writer.unwritten = self._writer.unwritten, []
+        return taken
+
+    def state_dict(self, allow_unwritten: bool = False) -> dict:
+        if not allow_unwritten:
+            self.flush()  # a checkpoint must never be ahead of the store it will be reconciled with
         return {"version": STATE_VERSION, "domains": list(self.domains), "seed": self.seed,
                 "last_step": self.last_step, "credit": self.credit.tolist(),
                 "signals": self.signals.state_dict(), "policy": self.policy.state_dict(),
@@ -257,6 +271,10 @@ class Scheduler:
         return by_step
 
 
+class StepWriteFailed(RuntimeError):
+    """The background writer could not store a step (the store stayed unreachable)."""
+
+
 class _WriteBehind:
     """One background thread that runs the store writes in order, so they overlap training.
 
@@ -272,6 +290,7 @@ class _WriteBehind:
         self.store = store
         self.queue: queue.Queue = queue.Queue(maxsize=4)
         self.error: BaseException | None = None
+        self.unwritten: list[tuple] = []  # items not written after a failure (write_step arguments)
         self.thread = threading.Thread(target=self._loop, name="palestra-store-writer", daemon=True)
         self.thread.start()
         atexit.register(self._drain_at_exit)  # a trainer that never calls close() still loses nothing
@@ -282,9 +301,8 @@ class _WriteBehind:
             self.thread.join(timeout=60)
 
     def submit(self, run_id: str, step: int, plan: Plan, outcomes: list[Outcome], metrics: dict | None,
-               stat_rows: list[dict]) -> None:
-        self._raise()
-        self.queue.put((run_id, step, plan, outcomes, metrics, stat_rows))
+               stat_rows: list[dict], tasks: dict[str, dict] | None = None) -> None:
+        self.queue.put((run_id, step, plan, outcomes, metrics, stat_rows, tasks))
 
     def _loop(self) -> None:
         while True:
@@ -293,16 +311,22 @@ class _WriteBehind:
                 if item is None:
                     return
                 if self.error is None:
-                    run_id, step, plan, outcomes, metrics, stat_rows = item
-                    self.store.write_step(run_id, step, plan, outcomes, metrics, step_stats=stat_rows)
+                    run_id, step, plan, outcomes, metrics, stat_rows, tasks = item
+                    self.store.write_step(run_id, step, plan, outcomes, metrics, step_stats=stat_rows, tasks=tasks)
+                else:
+                    self.unwritten.append(item)  # kept, in order, for the checkpoint
             except BaseException as exc:  # handed to the trainer's thread by _raise
                 self.error = exc
+                self.unwritten.append(item)
             finally:
                 self.queue.task_done()
 
+    def raise_if_failed(self) -> None:
+        self._raise()
+
     def _raise(self) -> None:
         if self.error is not None:
-            raise RuntimeError(f"writing a step to {self.store.url!r} failed") from self.error
+            raise StepWriteFailed(f"writing a step to {self.store.url!r} failed: {self.error}") from self.error
 
     def flush(self) -> None:
         self.queue.join()

@@ -323,11 +323,13 @@ class StatsStore:
 
     # -- the per-step write -------------------------------------------------------------------
     def write_step(self, run_id: str, step: int, plan: "Plan", outcomes: "list[Outcome]",
-                   metrics: dict | None = None, step_stats: list[dict] | None = None) -> None:
+                   metrics: dict | None = None, step_stats: list[dict] | None = None,
+                   tasks: dict[str, dict] | None = None) -> None:
         """Replace everything stored for (run_id, step) in ONE transaction.
 
         ``step_stats`` (per (domain, level) aggregates) is computed from ``outcomes`` when not
         given; the scheduler passes the ones it already computed so both views agree exactly.
+        ``tasks`` (task JSON by id) are stored for replay, unless the run already has them.
         Transient failures (a busy SQLite file, a dropped server connection) are retried with
         back-off; a store that stays unreachable raises StoreUnavailable.
         """
@@ -336,7 +338,8 @@ class StatsStore:
         stat_rows = [{"run_id": run_id, "step": step, **s} for s in stats]
         plan_rows = _plan_rows(run_id, step, plan)
         self._retrying(f"writing step {step}",
-                       lambda: self._write_step_once(run_id, step, plan, metrics, result_rows, stat_rows, plan_rows))
+                       lambda: self._write_step_once(run_id, step, plan, metrics, result_rows, stat_rows, plan_rows,
+                                                     tasks))
 
     def _retrying(self, what: str, action: Any) -> Any:
         for delay in (*self.retry_delays_s, None):
@@ -352,8 +355,10 @@ class StatsStore:
                     self.engine.dispose()  # drop the pool's dead connections before trying again
                 time.sleep(delay)
 
-    def _write_step_once(self, run_id, step, plan, metrics, result_rows, stat_rows, plan_rows) -> None:
+    def _write_step_once(self, run_id, step, plan, metrics, result_rows, stat_rows, plan_rows, tasks) -> None:
         with self.engine.begin() as conn:
+            if tasks:
+                self._insert_new_tasks(conn, run_id, tasks)
             for table in _STEP_TABLES:  # delete first: re-writing a step replaces it
                 conn.execute(delete(table).where(table.run_id == run_id, table.step == step))
             for table, rows in ((ResultRow, result_rows), (StepStatRow, stat_rows), (PlanRow, plan_rows)):
@@ -400,18 +405,15 @@ class StatsStore:
                                        + ", ".join([group] * n_rows))
         return self._insert_cache[key]
 
-    def save_tasks(self, run_id: str, tasks: dict[str, dict]) -> None:
+    def _insert_new_tasks(self, conn: Any, run_id: str, tasks: dict[str, dict]) -> None:
         """Store task JSON by id; ids already stored for the run are left as they are."""
-        if not tasks:
-            return
         ids = list(tasks)
-        with self.engine.begin() as conn:
-            known = set(conn.execute(select(TaskRow.task_id).where(
-                TaskRow.run_id == run_id, TaskRow.task_id.in_(ids))).scalars())
-            rows = [{"run_id": run_id, "task_id": i, "task": _compress(json.dumps(tasks[i]))} for i in ids
-                    if i not in known]
-            if rows:
-                conn.execute(insert(TaskRow), rows)
+        known = set(conn.execute(select(TaskRow.task_id).where(
+            TaskRow.run_id == run_id, TaskRow.task_id.in_(ids))).scalars())
+        rows = [{"run_id": run_id, "task_id": i, "task": _compress(json.dumps(tasks[i]))} for i in ids
+                if i not in known]
+        if rows:
+            conn.execute(insert(TaskRow), rows)
 
     def tasks(self, run_id: str, ids: Iterable[str] | None = None) -> dict[str, dict]:
         query = select(TaskRow.task_id, TaskRow.task).where(TaskRow.run_id == run_id)

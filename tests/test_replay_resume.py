@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -95,3 +96,40 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path):
     resumed_plans, resumed_rows = _plans(tmp_path / "killed" / "palestra.db")
     assert resumed_rows == straight_rows == {s: 4 * 4 for s in range(1, steps + 1)}  # none missing or doubled
     assert resumed_plans == straight_plans  # the same weights and levels at every step
+
+
+def test_an_unreachable_store_stops_with_a_checkpoint_that_loses_nothing(tmp_path):
+    from sqlalchemy import event
+
+    from curriculum.store import StoreUnavailable
+    from trainer.grpo import GRPORecipe
+
+    db = tmp_path / "run" / "palestra.db"
+    recipe = GRPORecipe(validate_config(tiny(tmp_path, ["arithmetic"], steps=4)))
+    recipe.setup()
+    recipe.store.retry_delays_s = (0.01,)
+    recipe.store.engine.dispose()  # new connections wait 20 ms for a lock, not 30 s
+    event.listen(recipe.store.engine, "connect", lambda conn, _: conn.execute("PRAGMA busy_timeout=20"))
+    blocker = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    train_step = recipe.train_step
+
+    def step_then_lose_the_store(step):
+        metrics = train_step(step)
+        if step == 2:  # steps 1-2 are stored; from now on the database is locked for good
+            recipe.scheduler.flush()
+            blocker.execute("BEGIN EXCLUSIVE")
+        return metrics
+
+    recipe.train_step = step_then_lose_the_store
+    with pytest.raises(StoreUnavailable, match=r"unwritten step\(s\); fix the store, then run again with resume=auto"):
+        recipe.train()
+    recipe.cleanup("failed")
+    blocker.rollback()
+    blocker.close()
+
+    summary = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=4, resume="auto")))
+    with StatsStore(f"sqlite:///{db}") as store:
+        rows = store.results(summary["run_id"])
+        assert store.run(summary["run_id"])["status"] == "finished"
+    per_step = {s: sum(r["step"] == s for r in rows) for s in range(1, 5)}
+    assert per_step == {1: 16, 2: 16, 3: 16, 4: 16}

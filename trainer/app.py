@@ -10,6 +10,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from curriculum.store import StoreUnavailable
 from domains.registry import DomainError
 from trainer.config import ConfigError, PalestraConfig, validate_config
 
@@ -50,7 +51,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         config = to_config(cfg)
         summary = run(config)
-    except (ConfigError, DomainError) as exc:
+    except (ConfigError, DomainError, StoreUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     before, after = summary["before"].get("eval/macro", 0.0), summary["after"].get("eval/macro", 0.0)

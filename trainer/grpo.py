@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from curriculum.prompts import PromptSelector
-from curriculum.scheduler import Scheduler
-from curriculum.store import StatsStore
+from curriculum.scheduler import Scheduler, StepWriteFailed
+from curriculum.store import StatsStore, StoreUnavailable
 from curriculum.types import Outcome, Plan
 from domains.api import Status, Task, stable_hash
 from domains.pool import VerifierPool
@@ -98,8 +98,11 @@ class GRPORecipe:
         self.start_step = state["step"]
         self.run_id = state["run_id"]
         assert self.store is not None
-        # Steps after the checkpoint are redone; their rows must not count twice.
+        # Steps after the checkpoint are redone; their rows must not count twice. Steps the store
+        # could not take before the checkpoint travel in it and are written now.
         self.store.discard_after(self.run_id, self.start_step)
+        for run_id, step, plan, outcomes, metrics, stats, tasks in state.get("unwritten", []):
+            self.store.write_step(run_id, step, plan, outcomes, metrics, step_stats=stats, tasks=tasks)
         self.scheduler = Scheduler(run_id=self.run_id, **self.scheduler_args)
         self.scheduler.load_state_dict(state["scheduler"])
         self.tasks.load_state_dict(state["tasks"])
@@ -118,19 +121,24 @@ class GRPORecipe:
             warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.tasks.draw, seed=cfg.seed,
                        log=lambda s, m: self.logger.log(s, m, phase="sft"))
             self.history["before"] = self._evaluate(0, "held-out success before GRPO")
-        with _StopOnSignal() as stop:
-            for step in range(self.start_step + 1, cfg.trainer.steps + 1):
-                metrics = self.train_step(step)
-                self.logger.advance(step, metrics)
-                if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
-                    self._evaluate(step, f"held-out success at step {step}")
-                if stop.requested:  # SIGTERM/SIGINT: finish the step, save, leave
-                    self.save_checkpoint(step)
-                    raise KeyboardInterrupt(f"stopped by signal after step {step}; resume with resume=auto")
-                if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-                    self.save_checkpoint(step)
-        self.history["after"] = self._evaluate(cfg.trainer.steps, "held-out success after GRPO")
-        self.save_checkpoint(cfg.trainer.steps)
+        step = self.start_step
+        try:
+            with _StopOnSignal() as stop:
+                for step in range(self.start_step + 1, cfg.trainer.steps + 1):
+                    metrics = self.train_step(step)
+                    self.logger.advance(step, metrics)
+                    if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
+                        self._evaluate(step, f"held-out success at step {step}")
+                    if stop.requested:  # SIGTERM/SIGINT: finish the step, save, leave
+                        self.save_checkpoint(step)
+                        raise KeyboardInterrupt(f"stopped by signal after step {step}; resume with resume=auto")
+                    if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+                        self.save_checkpoint(step)
+            self.history["after"] = self._evaluate(cfg.trainer.steps, "held-out success after GRPO")
+            self.save_checkpoint(cfg.trainer.steps)
+        except StepWriteFailed as exc:
+            # raised once the step is fully applied (model and scheduler), so ``step`` is complete
+            self._checkpoint_unwritten(step, exc)
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
@@ -168,10 +176,9 @@ class GRPORecipe:
         timer["train"] = time.perf_counter() - start
         metrics = self._step_metrics(step, plan, batch, recorded, update, timer)
         start = time.perf_counter()
-        assert self.store is not None
-        self.store.save_tasks(self.run_id, {task.id: task.to_json() for b in recorded for task in b.tasks})
         outcomes = self._outcomes(recorded, batch, advantages)
-        self.scheduler.record(step, outcomes, metrics)
+        tasks = {task.id: task.to_json() for b in recorded for task in b.tasks}  # for replay
+        self.scheduler.record(step, outcomes, metrics, tasks=tasks)
         self.tasks.selector.record(step, outcomes)
         metrics.update(self.tasks.selector.metrics())
         metrics["time/record"] = time.perf_counter() - start
@@ -350,7 +357,16 @@ class GRPORecipe:
         return metrics
 
     # -- checkpoints and cleanup --------------------------------------------------------------------
-    def save_checkpoint(self, step: int) -> Path | None:
+    def _checkpoint_unwritten(self, step: int, exc: Exception) -> None:
+        """The store stayed unreachable: save a checkpoint that carries the unwritten steps, then stop."""
+        unwritten = self.scheduler.take_unwritten()
+        path = self.save_checkpoint(step, unwritten=unwritten)
+        raise StoreUnavailable(
+            f"the stats store is unreachable ({' '.join(str(exc).split())[:300]}); saved checkpoint {path} "
+            f"with {len(unwritten)} unwritten step(s); fix the store, then run again with resume=auto"
+        ) from exc
+
+    def save_checkpoint(self, step: int, unwritten: list[tuple] | None = None) -> Path | None:
         if not all(torch.isfinite(p).all() for p in self.model.parameters()):
             # never let a poisoned model replace a good checkpoint
             self._alarm(step, ["non-finite weights: checkpoint not saved"])
@@ -358,7 +374,8 @@ class GRPORecipe:
         return checkpoint.save(
             self.output_dir, step, keep=self.cfg.checkpoint.keep, model=self.model, tokenizer=self.tokenizer,
             optimizer=self.optimizer, lr_schedule=self.lr_schedule,
-            state={"run_id": self.run_id, "scheduler": self.scheduler.state_dict(), "tasks": self.tasks.state_dict(),
+            state={"run_id": self.run_id, "scheduler": self.scheduler.state_dict(allow_unwritten=unwritten is not None),
+                   "unwritten": unwritten or [], "tasks": self.tasks.state_dict(),
                    "selector": self.tasks.selector.state_dict(),
                    "generator": self.generator.get_state(), "rng": checkpoint.capture_rng(), "history": self.history},
         )
@@ -367,9 +384,15 @@ class GRPORecipe:
         if self.pool is not None:
             self.pool.close()
         if getattr(self, "scheduler", None) is not None:
-            self.scheduler.close()  # waits for the write-behind thread
+            try:
+                self.scheduler.close()  # waits for the write-behind thread
+            except StepWriteFailed:  # already reported, and carried by the checkpoint
+                status = "failed"
         if self.store is not None and self.run_id is not None:
-            self.store.finish_run(self.run_id, status)
+            try:
+                self.store.finish_run(self.run_id, status)
+            except Exception as exc:  # an unreachable store was already reported; never mask that
+                print(f"warning: could not mark run {self.run_id} {status}: {' '.join(str(exc).split())[:200]}")
         if self.logger is not None:
             self.logger.close()
 
