@@ -75,6 +75,7 @@ class SimAppConfig(_Strict):
     sweep_id: str | None = None
     output_dir: str = "outputs/sim"
     write_behind: bool = False
+    store_results: bool = Field(False, description="also write one results row per completion (slow, large)")
     sim: ScenarioConfig
     policy: PolicyConfig
     difficulty: DifficultyConfig

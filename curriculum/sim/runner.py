@@ -4,6 +4,9 @@ Per step: ``Scheduler.plan`` → the learner rolls out G outcomes per planned pr
 (one ``Outcome`` per completion, real group advantages) go through ``Scheduler.record`` with the
 held-out metrics, exactly as the trainer records a step → the learner learns from the same groups.
 
+By default the store gets each step's aggregates, plan and metrics but not one ``results`` row per
+completion (``AggregatedWrites``; ``store_results=true`` writes those too).
+
 Metrics written per step (``store.metrics(run_id)``):
 
 - ``heldout/macro`` — mean over domains of held-out success (from the model, not sampled);
@@ -74,6 +77,28 @@ def describe_world(cfg: SimAppConfig, names: list[str], kinds: np.ndarray) -> di
         kind: [names[i] for i in np.nonzero(kinds == k)[0]] for k, kind in enumerate(KINDS) if kind != "plain"}}}
 
 
+class AggregatedWrites:
+    """The store as the scheduler sees it, minus the per-completion rows of the ``results`` table.
+
+    ``Scheduler.record`` still gets every Outcome, aggregates it and writes the step in one
+    transaction — step statistics, plan, plan vectors, metrics — which is all that ``compare``,
+    ``report`` and ``rebuild_from_store`` read. Only the one-row-per-completion audit trail is
+    left out: a 2,000-step ``hundreds`` run would write a million rows (about 200 MB of SQLite)
+    that describe coin flips of a synthetic learner, and inserting them is most of a run's time.
+    """
+
+    def __init__(self, store: StatsStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def write_step(self, run_id, step, plan, outcomes, metrics=None, step_stats=None, **extra) -> None:
+        if step_stats is None:  # the scheduler always passes them; without them nothing would be counted
+            raise ValueError("AggregatedWrites needs the scheduler's step_stats")
+        self._store.write_step(run_id, step, plan, [], metrics, step_stats=step_stats, **extra)
+
+
 def run_sim(cfg: SimAppConfig, store: StatsStore | None = None, progress_every: int = 0) -> SimResult:
     """Run ``cfg.sim.steps`` steps; with a store, the run is recorded under a new run id."""
     sc = cfg.sim
@@ -84,8 +109,9 @@ def run_sim(cfg: SimAppConfig, store: StatsStore | None = None, progress_every: 
         run_id = store.start_run(cfg.name, describe_world(cfg, world.names, world.kind), cfg.seed,
                                  sweep_id=cfg.sweep_id)
     levels = tuple(range(sc.levels))
+    writes = store if (store is None or cfg.store_results) else AggregatedWrites(store)
     scheduler = Scheduler({name: levels for name in world.names}, cfg.policy, cfg.difficulty,
-                          prompts_per_step=sc.prompts_per_step, seed=cfg.seed, store=store, run_id=run_id,
+                          prompts_per_step=sc.prompts_per_step, seed=cfg.seed, store=writes, run_id=run_id,
                           write_behind=cfg.write_behind and store is not None)
     index = {name: i for i, name in enumerate(world.names)}
     start, status, rollouts, macro_sum = time.perf_counter(), "failed", 0, 0.0
