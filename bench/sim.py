@@ -2,12 +2,13 @@
 
     python bench/sim.py [--steps 2000] [--skip-huge]
 
-Runs ``hundreds`` (200 domains, 64 prompts x 8 completions a step) for ``--steps`` steps three ways —
-with the SQLite store (the production ``Scheduler.record`` path, one transaction and 512 result
-rows a step), the same with ``write_behind=True``, and without a store (scheduler + learner only) —
-then ``huge`` (1,000 domains) with the store. It prints CPU seconds of this process (all threads;
-wall time on a shared machine mostly measures the neighbours), the share of it the store takes,
-and each budget as a ratio (<= 1 meets it):
+Runs ``hundreds`` (200 domains, 64 prompts x 8 completions a step) for ``--steps`` steps four ways,
+all through the production ``Scheduler.record`` (512 Outcomes a step): with the SQLite store as the
+simulator uses it by default (one transaction a step: aggregates, plan, metrics), the same plus one
+``results`` row per completion (``store_results``), that with ``write_behind=True``, and without a
+store — then ``huge`` (1,000 domains, 2,048 completions a step) with the default store. It prints
+CPU seconds of this process (all threads; wall time on a shared machine mostly measures the
+neighbours), the store's share, and each budget as a ratio (<= 1 meets it):
 
 - one ``hundreds`` run of 2,000 steps: 30 s on one core;
 - one ``huge`` run of 2,000 steps: 180 s;
@@ -30,11 +31,13 @@ from curriculum.store import StatsStore
 CONF = Path(__file__).resolve().parents[1] / "conf" / "sim"
 
 
-def config(scenario: str, steps: int, policy: str = "uniform", write_behind: bool = False) -> SimAppConfig:
+def config(scenario: str, steps: int, policy: str = "uniform", write_behind: bool = False,
+           store_results: bool = False) -> SimAppConfig:
     sim = yaml.safe_load((CONF / f"{scenario}.yaml").read_text())
     sim["steps"] = steps
     return SimAppConfig(sim=ScenarioConfig(**sim), policy=parse_policy({"type": policy}),
-                        difficulty=parse_difficulty({"type": "threshold"}), write_behind=write_behind)
+                        difficulty=parse_difficulty({"type": "threshold"}), write_behind=write_behind,
+                        store_results=store_results)
 
 
 def timed(cfg: SimAppConfig, db: Path | None) -> tuple[float, float, float]:
@@ -59,18 +62,22 @@ def main() -> None:
         tmp = Path(tmp)
         runs = {
             "hundreds, store": timed(config("hundreds", args.steps), tmp / "a.db"),
-            "hundreds, store, write_behind": timed(config("hundreds", args.steps, write_behind=True), tmp / "b.db"),
+            "hundreds, store + results rows": timed(config("hundreds", args.steps, store_results=True), tmp / "b.db"),
+            "  the same, write_behind": timed(config("hundreds", args.steps, write_behind=True, store_results=True),
+                                                tmp / "c.db"),
             "hundreds, no store": timed(config("hundreds", args.steps), None),
         }
         if not args.skip_huge:
-            runs["huge, store"] = timed(config("huge", args.steps), tmp / "c.db")
+            runs["huge, store"] = timed(config("huge", args.steps), tmp / "d.db")
     print(f"{'run':32s} {'CPU s':>8s} {'wall s':>8s} {'final macro':>12s}")
     for name, (cpu, wall, final) in runs.items():
         print(f"{name:32s} {cpu:8.2f} {wall:8.2f} {final:12.4f}")
     cpu_store, cpu_bare = runs["hundreds, store"][0], runs["hundreds, no store"][0]
-    print(f"store share of a hundreds run: {1 - cpu_bare / cpu_store:.2f} "
-          f"(with/without store CPU ratio {cpu_store / cpu_bare:.2f})")
-    print(f"hundreds 2,000 steps / 30 s budget: {cpu_store * scale / 30:.2f}")
+    cpu_rows = runs["hundreds, store + results rows"][0]
+    print(f"store share of a hundreds run: {1 - cpu_bare / cpu_store:.2f}; with results rows "
+          f"{1 - cpu_bare / cpu_rows:.2f} (CPU ratio rows/aggregates {cpu_rows / cpu_store:.2f})")
+    print(f"hundreds 2,000 steps / 30 s budget: {cpu_store * scale / 30:.2f} "
+          f"(with results rows {cpu_rows * scale / 30:.2f})")
     if "huge, store" in runs:
         print(f"huge 2,000 steps / 180 s budget: {runs['huge, store'][0] * scale / 180:.2f}")
     print(f"7x8 sweep on 2 cores (projected 56 x CPU / 2) / 15 min budget: {56 * cpu_store * scale / 2 / 900:.2f}")
