@@ -193,13 +193,13 @@ def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "unif
 
 
 def _summary(runs: dict[int, dict], base: dict[int, dict], metric: str, never: float) -> dict:
-    values = np.array([r[metric] for r in runs.values()], dtype=float)
+    values = np.array([runs[s][metric] for s in sorted(runs)], dtype=float)  # in seed order
     seeds = sorted(set(runs) & set(base))
     diffs = np.array([runs[s][metric] - base[s][metric] for s in seeds], dtype=float)
     mean_diff, lo, hi = paired_ci(diffs)
     out = {"mean": _num(np.nanmean(values)) if np.isfinite(values).any() else None,
            "n": len(values), "pairs": len(seeds), "diff": _num(mean_diff), "lo": _num(lo), "hi": _num(hi),
-           "values": [_num(v) for v in values]}
+           "seeds": sorted(runs), "values": [_num(v) for v in values]}
     if metric == "to_target":
         out["censored"] = int((values >= never).sum())
     return out
