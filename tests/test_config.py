@@ -43,7 +43,7 @@ def test_defaults_are_the_main_job():
     assert config.policy.type == "learnability"
     assert config.difficulty.type == "threshold"
     assert config.domains[:3] == ["arithmetic", "linear_equations", "fractions"]
-    assert {"code_functions", "tool_calculator"} <= set(config.domains)
+    assert {"code_functions", "code_lists"} <= set(config.domains)
     assert config.sft.steps > 0 and config.trainer.steps > 0
 
 

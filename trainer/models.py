@@ -1,6 +1,7 @@
 """Load the policy model and tokenizer: the built-in ``tiny`` model or any Hugging Face causal LM."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -30,12 +31,19 @@ def model_path(cfg: ModelConfig, output_dir: Path, seed: int) -> str:
 
 
 def load_tokenizer(path: str, tiny: bool) -> PreTrainedTokenizerBase:
-    # The tiny tokenizer is a plain fast tokenizer; AutoTokenizer would substitute the Qwen2 class
-    # named by the model config, which does not know our character-level pre-tokenizer.
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(path) if tiny else AutoTokenizer.from_pretrained(path)
+    # The tiny tokenizer (also inside our checkpoints) is a plain fast tokenizer; AutoTokenizer
+    # would substitute the Qwen2 class named by the model config, which does not know its
+    # character-level pre-tokenizer. Folders that declare a plain fast tokenizer load as one.
+    plain = tiny or _declared_tokenizer_class(path) in ("PreTrainedTokenizerFast", "TokenizersBackend")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path) if plain else AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def _declared_tokenizer_class(path: str) -> str | None:
+    config = Path(path) / "tokenizer_config.json"
+    return json.loads(config.read_text()).get("tokenizer_class") if config.exists() else None
 
 
 def load_model(path: str, device: torch.device) -> torch.nn.Module:
