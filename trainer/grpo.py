@@ -122,6 +122,7 @@ class GRPORecipe:
                        log=lambda s, m: self.logger.log(s, m, phase="sft"))
             self.history["before"] = self._evaluate(0, "held-out success before GRPO")
         step = self.start_step
+        self.logger.bar.reset(total=cfg.trainer.steps - self.start_step)  # the GRPO clock starts now
         try:
             with _StopOnSignal() as stop:
                 for step in range(self.start_step + 1, cfg.trainer.steps + 1):
