@@ -7,9 +7,10 @@ keys and the unions are discriminated by ``type``, so a typo fails in one line n
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from pathlib import Path
+from typing import Annotated, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from curriculum.difficulty import CONTROLLERS, DifficultyController, LevelTable
 from curriculum.policies import POLICIES, MixingPolicy, Wrapped
@@ -212,3 +213,45 @@ def parse_policy(data: dict) -> PolicyConfig:
 
 def parse_difficulty(data: dict) -> DifficultyConfig:
     return _DIFFICULTY_ADAPTER.validate_python(data)
+
+
+# -- shared by the Hydra apps (palestra-train, palestra-sim) -----------------------------------------
+def describe_error(exc: ValidationError) -> str:
+    """A validation error as one line: ``dotted.key: message`` (plus a count of the others)."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = ".".join(str(part) for part in first["loc"] if not _is_union_tag(part))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{loc or 'config'}: {first['msg']}{more}"
+
+
+def _is_union_tag(part: object) -> bool:
+    # pydantic puts the discriminator value (e.g. "uniform") into the paths of union members
+    return isinstance(part, str) and (part.startswith("function-") or part in _UNION_TAGS)
+
+
+def _type_tags(union: object) -> set[str]:
+    members = get_args(get_args(union)[0])
+    return {tag for member in members for tag in get_args(member.model_fields["type"].annotation)}
+
+
+_UNION_TAGS = _type_tags(PolicyConfig) | _type_tags(DifficultyConfig)
+
+
+def fill_run_defaults(raw: dict, hydra_cfg: object | None, default_name: str) -> dict:
+    """In a Hydra multirun every job shares one sweep id (the ``sweep_id`` key, else the sweep
+    folder's name) and, unless ``store.url`` is given, one SQLite file in the sweep folder."""
+    if hydra_cfg is None:
+        return raw
+    from hydra.types import RunMode
+
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    if multirun and not raw.get("sweep_id"):
+        raw["sweep_id"] = f"{raw.get('name', default_name)}/{sweep_dir.name}"
+    store = raw.setdefault("store", {})
+    if not store.get("url"):
+        folder = sweep_dir if multirun else Path(hydra_cfg.runtime.output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        store["url"] = f"sqlite:///{folder.resolve() / 'palestra.db'}"
+    return raw

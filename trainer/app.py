@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from curriculum.config import fill_run_defaults
 from curriculum.store import StoreUnavailable
 from domains.registry import DomainError
 from trainer.config import ConfigError, PalestraConfig, validate_config
@@ -17,11 +19,12 @@ from trainer.config import ConfigError, PalestraConfig, validate_config
 log = logging.getLogger("palestra")
 
 
-def to_config(cfg: DictConfig) -> PalestraConfig:
-    """Composed Hydra config -> validated PalestraConfig (no DictConfig travels further)."""
+def to_config(cfg: DictConfig, hydra_cfg: Any | None = None) -> PalestraConfig:
+    """Composed Hydra config -> validated PalestraConfig (no DictConfig travels further); in a
+    multirun, the runs share a sweep id and, by default, one store in the sweep folder."""
     raw: Any = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     raw.pop("hydra", None)
-    return validate_config(raw)
+    return validate_config(fill_run_defaults(raw, hydra_cfg, default_name="palestra"))
 
 
 def run(config: PalestraConfig) -> dict[str, Any]:
@@ -49,7 +52,7 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     try:
-        config = to_config(cfg)
+        config = to_config(cfg, HydraConfig.get())
         summary = run(config)
     except (ConfigError, DomainError, StoreUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)

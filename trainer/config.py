@@ -6,11 +6,11 @@ objects travel past the entry point.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig
+from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig, describe_error
 from trainer.health import HealthConfig
 
 
@@ -122,27 +122,4 @@ def validate_config(raw: dict[str, Any]) -> PalestraConfig:
     try:
         return PalestraConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(describe(exc)) from None
-
-
-def describe(exc: ValidationError) -> str:
-    """First error as ``dotted.key: message`` (plus a count of the others)."""
-    errors = exc.errors()
-    first = errors[0]
-    # drop the discriminator tags pydantic puts into union paths
-    loc = ".".join(str(part) for part in first["loc"] if not _is_union_tag(part))
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{loc or 'config'}: {first['msg']}{more}"
-
-
-def _is_union_tag(part: Any) -> bool:
-    return isinstance(part, str) and (part.startswith("function-") or part in _UNION_TAGS)
-
-
-def _type_tags(union: Any) -> set[str]:
-    """The ``type`` values of a discriminated union's members (pydantic puts them in error paths)."""
-    members = get_args(get_args(union)[0])
-    return {tag for member in members for tag in get_args(member.model_fields["type"].annotation)}
-
-
-_UNION_TAGS = _type_tags(PolicyConfig) | _type_tags(DifficultyConfig)
+        raise ConfigError(describe_error(exc)) from None

@@ -18,9 +18,9 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from curriculum.config import fill_run_defaults
 from curriculum.sim.config import SimAppConfig, SimConfigError, validate_sim_config
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -30,16 +30,7 @@ def to_config(cfg: DictConfig, hydra_cfg: Any | None = None) -> SimAppConfig:
     """Composed Hydra config -> validated SimAppConfig, with sweep id and store path filled in."""
     raw: Any = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     raw.pop("hydra", None)
-    if hydra_cfg is not None:
-        multirun = hydra_cfg.mode == RunMode.MULTIRUN
-        sweep_dir = Path(hydra_cfg.sweep.dir)
-        if multirun and not raw.get("sweep_id"):
-            raw["sweep_id"] = f"{raw.get('name', 'sim')}/{sweep_dir.name}"
-        store = raw.setdefault("store", {})
-        if not store.get("url"):
-            folder = sweep_dir if multirun else Path(hydra_cfg.runtime.output_dir)
-            folder.mkdir(parents=True, exist_ok=True)
-            store["url"] = f"sqlite:///{folder.resolve() / 'palestra.db'}"
+    fill_run_defaults(raw, hydra_cfg, default_name="sim")
     return validate_sim_config(raw)
 
 

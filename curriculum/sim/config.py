@@ -6,11 +6,10 @@ fails in one line naming the key.
 """
 from __future__ import annotations
 
-from typing import get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from curriculum.config import DifficultyConfig, PolicyConfig, StoreConfig
+from curriculum.config import DifficultyConfig, PolicyConfig, StoreConfig, describe_error
 
 
 class _Strict(BaseModel):
@@ -90,26 +89,4 @@ def validate_sim_config(raw: dict) -> SimAppConfig:
     try:
         return SimAppConfig.model_validate(raw)
     except ValidationError as exc:
-        raise SimConfigError(describe(exc)) from None
-
-
-def describe(exc: ValidationError) -> str:
-    """First error as ``dotted.key: message`` (plus a count of the others), as the trainer does."""
-    errors = exc.errors()
-    first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"] if not _is_union_tag(p))
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{loc or 'config'}: {first['msg']}{more}"
-
-
-def _is_union_tag(part) -> bool:
-    # pydantic puts the discriminator value (e.g. "uniform") into the paths of union members
-    return isinstance(part, str) and (part.startswith("function-") or part in _UNION_TAGS)
-
-
-def _type_tags(union) -> set[str]:
-    members = get_args(get_args(union)[0])
-    return {tag for m in members for tag in get_args(m.model_fields["type"].annotation)}
-
-
-_UNION_TAGS = _type_tags(PolicyConfig) | _type_tags(DifficultyConfig)
+        raise SimConfigError(describe_error(exc)) from None
