@@ -104,10 +104,11 @@ def test_grpo_run_end_to_end(tmp_path, plugin_package):
 def test_main_entry_runs_and_reports_heldout(tmp_path, plugin_package):
     from trainer.app import run
 
-    summary = run(tiny_config(tmp_path, trainer={"steps": 2}))
+    summary = run(tiny_config(tmp_path, trainer={"steps": 2, "beta": 0.04}))
     assert set(summary["before"]) >= {"eval/digit_variety", "eval/arithmetic", "eval/macro"}
     assert 0.0 <= summary["after"]["eval/macro"] <= 1.0
     assert (tmp_path / "run" / "checkpoints").exists()
+    assert (tmp_path / "run" / "sft-model" / "config.json").exists()  # the KL anchor (beta > 0)
     assert any((tmp_path / "run" / "tensorboard").iterdir())
 
 

@@ -66,7 +66,9 @@ class GRPORecipe:
         path = model_path(cfg.model, self.output_dir, cfg.seed)
         self.tokenizer = load_tokenizer(path, tiny=cfg.model.type == "tiny")
         self.model = load_model(path, self.device)
-        self.ref_model = load_model(path, self.device).eval() if cfg.trainer.beta > 0 else None
+        anchor = self.output_dir / "sft-model"  # written after SFT; present when resuming
+        ref_path = str(anchor) if (anchor / "config.json").exists() else path
+        self.ref_model = load_model(ref_path, self.device).eval() if cfg.trainer.beta > 0 else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
         warmup = max(1, cfg.trainer.warmup_steps)
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
@@ -120,6 +122,9 @@ class GRPORecipe:
             self.logger.write(f"SFT warm start: {cfg.sft.steps} steps")
             warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.tasks.draw, seed=cfg.seed,
                        log=lambda s, m: self.logger.log(s, m, phase="sft"))
+            if self.ref_model is not None:  # the KL anchor is the policy RL starts from, after SFT
+                self.ref_model.load_state_dict(self.model.state_dict())
+                self.model.save_pretrained(self.output_dir / "sft-model")  # the anchor again on resume
             self.history["before"] = self._evaluate(0, "held-out success before GRPO")
         step = self.start_step
         self.logger.bar.reset(total=cfg.trainer.steps - self.start_step)  # the GRPO clock starts now
