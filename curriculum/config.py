@@ -240,18 +240,19 @@ _UNION_TAGS = _type_tags(PolicyConfig) | _type_tags(DifficultyConfig)
 
 def fill_run_defaults(raw: dict, hydra_cfg: object | None, default_name: str) -> dict:
     """In a Hydra multirun every job shares one sweep id (the ``sweep_id`` key, else the sweep
-    folder's name) and, unless ``store.url`` is given, one SQLite file in the sweep folder."""
+    folder's name) and, unless ``store.url`` is given, one SQLite file in the sweep folder. A
+    single run keeps its store in its own ``output_dir`` (the apps' default)."""
     if hydra_cfg is None:
         return raw
     from hydra.types import RunMode
 
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return raw
     sweep_dir = Path(hydra_cfg.sweep.dir)
-    if multirun and not raw.get("sweep_id"):
+    if not raw.get("sweep_id"):
         raw["sweep_id"] = f"{raw.get('name', default_name)}/{sweep_dir.name}"
     store = raw.setdefault("store", {})
     if not store.get("url"):
-        folder = sweep_dir if multirun else Path(hydra_cfg.runtime.output_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        store["url"] = f"sqlite:///{folder.resolve() / 'palestra.db'}"
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        store["url"] = f"sqlite:///{sweep_dir.resolve() / 'palestra.db'}"
     return raw
