@@ -16,6 +16,7 @@ def test_non_finite_loss_alarm():
 
 def test_reward_up_while_heldout_down_is_flagged():
     monitor = HealthMonitor(HealthConfig(reward_window=5))
+    assert monitor.after_eval(0.9) == []  # before any training step there is no reward to compare
     for _ in range(5):
         monitor.after_step({"loss": 0.0, "reward/mean": 0.2})
     assert monitor.after_eval(0.5) == []  # the first evaluation only sets the baseline

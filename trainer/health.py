@@ -25,7 +25,8 @@ class HealthMonitor:
     def __init__(self, cfg: HealthConfig) -> None:
         self.cfg = cfg
         self.rewards: deque[float] = deque(maxlen=2 * cfg.reward_window)
-        self.last_eval: tuple[float, float] | None = None  # (held-out macro, training reward) then
+        # (held-out macro, mean training reward then); the reward is None before any training step
+        self.last_eval: tuple[float, float | None] | None = None
 
     def after_step(self, metrics: dict) -> list[str]:
         alarms = []
@@ -45,9 +46,9 @@ class HealthMonitor:
 
     def after_eval(self, heldout_macro: float) -> list[str]:
         """Compare with the previous evaluation: reward up and held-out down suggests hacking."""
-        reward = sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+        reward = sum(self.rewards) / len(self.rewards) if self.rewards else None
         alarms = []
-        if self.last_eval is not None:
+        if self.last_eval is not None and reward is not None and self.last_eval[1] is not None:
             previous_macro, previous_reward = self.last_eval
             if reward > previous_reward + 0.05 and heldout_macro < previous_macro - 0.05:
                 alarms.append(
