@@ -9,7 +9,7 @@ from curriculum.sim.config import ScenarioConfig, SimAppConfig
 from curriculum.sim.runner import run_sim
 from curriculum.store import StatsStore
 
-pytest.importorskip("matplotlib")
+import matplotlib  # noqa: F401  (the report extra; make test installs it)
 
 
 @pytest.fixture()

@@ -220,7 +220,7 @@ def test_multirun_derives_a_shared_sweep_id_and_database(tmp_path):
 
 
 def test_the_optuna_experiment_composes():
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    import hydra_plugins.hydra_optuna_sweeper  # noqa: F401  (the tune extra; make test installs it)
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="sim_config", overrides=["+experiment=tune_sec"], return_hydra_config=True)
     assert cfg.policy.type == "sec" and cfg.sim.name == "small"
