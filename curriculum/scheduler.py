@@ -23,7 +23,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import numpy as np
 
@@ -36,16 +36,9 @@ from curriculum.types import Outcome, Plan
 STATE_VERSION = 1
 
 
-@dataclass
-class CellCounts:
-    """One step's sums per (domain, level) cell: flat arrays [n_cells] in ``LevelTable`` order."""
-
-    attempts: np.ndarray
-    successes: np.ndarray
-    reward_sum: np.ndarray
-    abs_adv_sum: np.ndarray
-    zero_var_groups: np.ndarray
-    groups: np.ndarray
+# One step's sums per (domain, level) cell are the same six arrays as Signals' per-domain sums,
+# only [n_cells] long (in LevelTable order) instead of [D]: one record type serves both.
+CellCounts = StepCounts
 
 
 class Scheduler:
@@ -146,7 +139,7 @@ class Scheduler:
         """Per-cell sums of one step's outcomes; a group is the outcomes sharing ``group``."""
         n_cells, n = self.table.n_cells, len(outcomes)
         if n == 0:
-            return CellCounts(*(np.zeros(n_cells) for _ in fields(CellCounts)))
+            return StepCounts.zeros(n_cells)
         cell = np.fromiter((self._cell_of(o) for o in outcomes), np.int64, n)
         reward = np.fromiter((o.reward for o in outcomes), float, n)
         correct = np.fromiter((o.correct for o in outcomes), float, n)
@@ -256,7 +249,7 @@ class Scheduler:
             for name, n in prompts_by_step.get(step, {}).items():
                 given[index[name]] = n
             weights = np.asarray(vec["weights"], dtype=float)
-            empty = CellCounts(*(np.zeros(self.table.n_cells) for _ in fields(CellCounts)))
+            empty = StepCounts.zeros(self.table.n_cells)
             self._apply(step, cells_by_step.get(step, empty), weights, given)
 
     def _stored_cells(self) -> dict[int, CellCounts]:
