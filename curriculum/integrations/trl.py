@@ -1,0 +1,432 @@
+"""Palestra's curriculum inside TRL's ``GRPOTrainer``: per-domain statistics in the store, adaptive
+mixing and difficulty — with TRL's own training loop unchanged.
+
+    from curriculum.integrations.trl import TRLCurriculum
+
+    args = GRPOConfig(..., shuffle_dataset=False, max_steps=100)
+    with TRLCurriculum.build(["arithmetic", "fractions"], args, policy={"type": "learnability"}) as curriculum:
+        trainer = GRPOTrainer(model, reward_funcs=curriculum.palestra_reward, args=args,
+                              train_dataset=curriculum.dataset(), callbacks=[curriculum.callback()])
+        trainer.train()
+
+How the two loops line up. TRL reads a *generation batch* of ``generation_batch_size /
+num_generations`` prompts, repeats each prompt ``num_generations`` times (and the whole batch
+``num_iterations × steps_per_generation`` times, to reuse it), generates once and scores every
+completion of the batch. Here one generation batch is one Palestra plan step: when TRL reads the
+first prompt of a batch, the dataset asks the Scheduler for the next plan, draws its tasks and
+yields one row per prompt, ``{prompt, domain, level, task_id, palestra_step, palestra_group}`` (the
+payload the verifier needs stays in memory, out of the data stream). ``palestra_reward`` sends each
+completion to its domain's verifier through the VerifierPool (deadlines; a crash or a timeout is
+reward 0, counted, never raised) and collects the verdicts per (plan step, prompt). A step is
+recorded — one store transaction, then the policy and the difficulty controller learn — once every
+group of it is scored, so a call that carries a slice of a batch, or the end of one batch and the
+start of the next, is counted right.
+
+Where this departs from Palestra's own trainer, and why:
+- the mix adapts one step late: TRL's data loader reads a batch ahead (accelerate's look-ahead and
+  the gradient-accumulation prefetch), so the plan of step t+1 is drawn before step t is scored.
+  The Scheduler allows exactly this overlap: a plan depends only on the steps recorded before it;
+- the advantages stored with each result are Palestra's (``trainer.losses.group_advantages``), so
+  the learnability signals mean what they mean in Palestra runs; TRL trains on its own advantages
+  (it divides by the unbiased group std);
+- no held-out evaluation, prompt selection, dynamic sampling or multi-turn tool domains here;
+- one process only: several ranks would each run a scheduler and write the same steps.
+
+Nothing here imports ``trl``: the module reads TRL's settings from the config object it is given,
+and imports ``datasets`` only when ``dataset()`` is called. Written against TRL 1.16, which takes an
+``IterableDataset`` as train set and hands reward functions ``log_metric`` (without it, the
+per-domain TRL logs are skipped; the store gets everything either way).
+"""
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from pydantic import ValidationError
+from transformers import TrainerCallback
+
+from curriculum.config import CurriculumConfig, DifficultyConfig, PolicyConfig, describe_error
+from curriculum.scheduler import Scheduler
+from curriculum.store import StatsStore
+from curriculum.types import Outcome, Plan
+from domains.api import Domain, Status, Task, stable_hash
+from domains.pool import Verdict, VerifierPool
+from domains.registry import load_all
+from trainer.losses import group_advantages
+from trainer.tasks import TaskSource
+
+ADVANTAGE_STD_MODES = ("group", "batch", "none")
+_FAILED = {Status.ERROR, Status.TIMEOUT, Status.SANDBOX_VIOLATION}
+_LIVE: "weakref.WeakValueDictionary[str, TRLCurriculum]" = weakref.WeakValueDictionary()
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What the curriculum must know of TRL's batching."""
+
+    prompts_per_step: int  # distinct prompts per generation batch = one plan
+    group_size: int  # completions per prompt (num_generations)
+    max_open_steps: int  # plans TRL may read before it scores the first of them
+
+
+def trl_batch_shape(args: Any) -> BatchShape:
+    """The batch shape of a ``GRPOConfig``, or a one-line ValueError for settings the curriculum
+    cannot work under."""
+    if getattr(args, "shuffle_dataset", False):
+        raise ValueError("set GRPOConfig(shuffle_dataset=False): TRL's shuffle buffer reads ~1000 rows ahead, "
+                         "so the curriculum's plans could not adapt")
+    if getattr(args, "remove_unused_columns", False):
+        raise ValueError("set GRPOConfig(remove_unused_columns=False): palestra_reward needs the "
+                         "palestra_step and palestra_group columns")
+    if getattr(args, "world_size", 1) > 1:
+        raise ValueError(f"the TRL curriculum runs in one process, not {args.world_size}: several ranks would each "
+                         "plan and record the same steps")
+    if not getattr(args, "max_steps", 0) or args.max_steps <= 0:
+        raise ValueError("set GRPOConfig(max_steps=N): the curriculum's dataset is an endless stream")
+    group, batch = int(args.num_generations), int(args.generation_batch_size)
+    if batch % group:
+        raise ValueError(f"generation_batch_size {batch} is not a multiple of num_generations {group}")
+    # One optimizer step reads gradient_accumulation_steps batches before it trains; a plan lasts
+    # steps_per_generation × num_iterations of them; the data loader reads one more ahead.
+    reuse = max(1, int(args.steps_per_generation) * int(getattr(args, "num_iterations", 1)))
+    ahead = math.ceil(int(args.gradient_accumulation_steps) / reuse) + 2
+    return BatchShape(batch // group, group, ahead)
+
+
+def completion_text(completion: Any) -> str:
+    """The text a verifier grades: a plain completion, or the assistant turns of a chat one."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(_content_text(m.get("content")) for m in completion
+                       if isinstance(m, dict) and m.get("role", "assistant") == "assistant")
+    raise TypeError(f"a completion must be a string or a list of chat messages, not {type(completion).__name__}")
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, list):  # multimodal parts: keep the text ones
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
+@dataclass
+class _OpenStep:
+    """A plan handed to TRL and the verdicts of its completions so far."""
+
+    plan: Plan
+    tasks: list[Task]  # [P] group p is the prompt tasks[p]
+    scored: list[list[tuple[str, Verdict]]]  # [P][<= G] (completion text, verdict) in arrival order
+
+    def add(self, step: int, group: int, text: str, verdict: Verdict, group_size: int) -> None:
+        if len(self.scored[group]) >= group_size:
+            raise ValueError(f"prompt {group} of plan step {step} got more than num_generations={group_size} "
+                             "completions: build the curriculum from the GRPOConfig you train with")
+        self.scored[group].append((text, verdict))
+
+    def full_groups(self, group_size: int) -> list[int]:
+        return [p for p, done in enumerate(self.scored) if len(done) == group_size]
+
+    def complete(self, group_size: int) -> bool:
+        return len(self.full_groups(group_size)) == len(self.tasks)
+
+
+class TRLCurriculum:
+    """The prompt source, the reward function and the callback that connect TRL to a Scheduler.
+
+    ``build`` makes one from names and plain settings; the constructor takes loaded domains, typed
+    configs and an open store (which the caller keeps owning unless ``owns_store``).
+    """
+
+    def __init__(self, domains: dict[str, Domain], shape: BatchShape, policy: PolicyConfig,
+                 difficulty: DifficultyConfig, store: StatsStore, *, seed: int = 0, run_name: str = "trl",
+                 run_config: dict | None = None, verifier_workers: int | None = None,
+                 advantage_std: str = "group", owns_store: bool = False) -> None:
+        _check_settings(domains, advantage_std)
+        self.domains, self.shape, self.advantage_std = domains, shape, advantage_std
+        self.store, self._owns_store = store, owns_store
+        config = {"integration": "trl", "domains": sorted(domains), "policy": policy.model_dump(),
+                  "difficulty": difficulty.model_dump(), "prompts_per_step": shape.prompts_per_step,
+                  "group_size": shape.group_size, "advantage_std": advantage_std, **(run_config or {})}
+        self.run_id = store.start_run(run_name, config, seed)
+        self.scheduler = Scheduler({name: tuple(d.levels) for name, d in domains.items()}, policy, difficulty,
+                                   shape.prompts_per_step, seed=seed, store=store, run_id=self.run_id)
+        self.tasks = TaskSource(domains, heldout_ids=set(), seed=seed)
+        self.pool = VerifierPool(domains, workers=verifier_workers)
+        self._open: dict[int, _OpenStep] = {}
+        self._next_step = 1
+        self._lock = threading.Lock()  # rows() and palestra_reward() may be driven from different threads
+        self._closed = False
+        self.recorded_steps: list[int] = []
+        _LIVE[self.run_id] = self
+
+    def __reduce__(self):
+        # datasets fingerprints a generator by pickling it, and may deep-copy it. A curriculum owns
+        # worker processes and a database connection, so neither may copy it: both get a reference
+        # to this live object instead (valid in this process only).
+        return (_live_curriculum, (self.run_id,))
+
+    @classmethod
+    def build(cls, domains: Sequence[str], args: Any, *, policy: PolicyConfig | dict | None = None,
+              difficulty: DifficultyConfig | dict | None = None, store_url: str | None = None,
+              seed: int | None = None, domain_options: dict[str, dict] | None = None, run_name: str = "trl",
+              verifier_workers: int | None = None, advantage_std: str = "group") -> "TRLCurriculum":
+        """A curriculum for the ``GRPOConfig`` ``args``: domains by name (or ``module:OBJECT``),
+        policy and difficulty as configs or their dicts (default: learnability, threshold), the store
+        at ``store_url`` (default: SQLite at ``<args.output_dir>/palestra.db``), seed from ``args``."""
+        shape = trl_batch_shape(args)  # cheap checks first: nothing is started if a setting is wrong
+        curriculum = _curriculum_config(policy, difficulty)
+        loaded = load_all(list(domains), domain_options)
+        _check_settings(loaded, advantage_std)
+        seed = int(args.seed if seed is None else seed)
+        store = StatsStore(store_url or _default_store_url(args.output_dir))
+        try:
+            return cls(loaded, shape, curriculum.policy, curriculum.difficulty, store, seed=seed, run_name=run_name,
+                       run_config={"trl": _trl_settings(args)}, verifier_workers=verifier_workers,
+                       advantage_std=advantage_std, owns_store=True)
+        except BaseException:
+            store.close()
+            raise
+
+    # -- what TRL is given ----------------------------------------------------------------------
+    def dataset(self):
+        """The prompt rows as a ``datasets.IterableDataset`` for ``GRPOTrainer(train_dataset=...)``."""
+        try:
+            from datasets import IterableDataset
+        except ImportError as exc:
+            raise ImportError("the TRL curriculum needs the datasets package: pip install 'palestra[bench]'") from exc
+        return IterableDataset.from_generator(self.rows)
+
+    def rows(self) -> Iterator[dict]:
+        """Endless prompt rows, a plan step at a time; each prompt once (TRL repeats it per generation)."""
+        while True:
+            step, tasks = self._open_next_step()
+            for group, task in enumerate(tasks):
+                yield {"prompt": task.prompt, "domain": task.domain, "level": task.level, "task_id": task.id,
+                       "palestra_step": step, "palestra_group": group}
+
+    def palestra_reward(self, prompts: list, completions: list, palestra_step: list[int] | None = None,
+                        palestra_group: list[int] | None = None, log_metric: Callable | None = None,
+                        trainer_state: Any = None, **_other_columns: Any) -> list[float]:
+        """TRL reward function: each completion's reward from its domain's verifier (0 on a verifier
+        error or timeout); records every plan step whose completions are all scored."""
+        if palestra_step is None or palestra_group is None:
+            raise ValueError("palestra_reward needs the palestra_step and palestra_group columns: train on "
+                             "curriculum.dataset() with GRPOConfig(remove_unused_columns=False)")
+        if len(completions) != len(palestra_step):
+            raise ValueError(f"{len(completions)} completions but {len(palestra_step)} palestra_step values")
+        keys = [(int(s), int(g)) for s, g in zip(palestra_step, palestra_group)]
+        texts = [completion_text(c) for c in completions]
+        with self._lock:
+            tasks = [self._task_at(step, group) for step, group in keys]
+        verdicts = self.pool.verify_many(list(zip(tasks, texts)))
+        with self._lock:
+            for (step, group), text, verdict in zip(keys, texts, verdicts):
+                self._open[step].add(step, group, text, verdict, self.shape.group_size)
+            recorded = self._record_closed(getattr(trainer_state, "global_step", None))
+        if log_metric is not None:
+            _log_to_trl(log_metric, tasks, verdicts, recorded)
+        return [float(v.result.reward) for v in verdicts]
+
+    def callback(self) -> "CurriculumCallback":
+        """A TrainerCallback: checks TRL's settings at the start, records what is left at the end."""
+        return CurriculumCallback(self)
+
+    # -- plans out, results in -------------------------------------------------------------------
+    def _open_next_step(self) -> tuple[int, list[Task]]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this TRLCurriculum is closed")
+            if len(self._open) >= self.shape.max_open_steps:
+                raise RuntimeError(f"{len(self._open)} plan steps went to TRL without being scored: is "
+                                   "curriculum.palestra_reward among reward_funcs, and shuffle_dataset off?")
+            step = self._next_step
+            self._next_step += 1
+            plan = self.scheduler.plan(step)
+            tasks = self.tasks.draw(plan.counts)
+            self._open[step] = _OpenStep(plan, tasks, [[] for _ in tasks])
+        return step, tasks
+
+    def _task_at(self, step: int, group: int) -> Task:
+        open_step = self._open.get(step)
+        if open_step is None or not 0 <= group < len(open_step.tasks):
+            raise ValueError(f"a completion for prompt {group} of plan step {step}, which this curriculum did not "
+                             "hand out or has already recorded")
+        return open_step.tasks[group]
+
+    def _record_closed(self, global_step: int | None, everything: bool = False) -> list[Plan]:
+        """Record, in step order, the steps that will get no more completions: every complete step,
+        and every step before one (TRL scores generation batches in order). Only full groups count;
+        a step with none (drawn, then never trained on) is dropped."""
+        group_size = self.shape.group_size
+        complete = [s for s, o in self._open.items() if o.complete(group_size)]
+        last = max(self._open, default=0) if everything else max(complete, default=0)
+        recorded = []
+        for step in sorted(s for s in self._open if s <= last):
+            open_step = self._open.pop(step)
+            if open_step.full_groups(group_size):
+                self._record(step, open_step, global_step)
+                recorded.append(open_step.plan)
+        return recorded
+
+    def _record(self, step: int, open_step: _OpenStep, global_step: int | None) -> None:
+        groups = open_step.full_groups(self.shape.group_size)
+        rewards = torch.tensor([[v.result.reward for _, v in open_step.scored[p]] for p in groups],
+                               dtype=torch.float32)  # [P, G]
+        advantages = group_advantages(rewards, self.advantage_std)  # [P, G], as Palestra's trainer computes them
+        outcomes = [self._outcome(open_step, p, g, float(advantages[i, g]))
+                    for i, p in enumerate(groups) for g in range(self.shape.group_size)]
+        tasks = {open_step.tasks[p].id: open_step.tasks[p].to_json() for p in groups}  # for `palestra replay`
+        metrics = _step_metrics(open_step.plan, outcomes, rewards, global_step)
+        self.scheduler.record(step, outcomes, metrics, tasks=tasks)
+        self.recorded_steps.append(step)
+
+    def _outcome(self, open_step: _OpenStep, group: int, g: int, advantage: float) -> Outcome:
+        task = open_step.tasks[group]
+        text, verdict = open_step.scored[group][g]
+        return Outcome(domain=task.domain, level=task.level, task_id=task.id, group=group,
+                       reward=verdict.result.reward, correct=verdict.result.correct,
+                       status=verdict.result.status.value, advantage=advantage, prompt_hash=stable_hash(task.prompt),
+                       completion_hash=stable_hash(text), latency_s=verdict.latency_s, completion=text,
+                       verifier_version=self.domains[task.domain].version)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def check_args(self, args: Any) -> None:
+        """Fail in one line if the trainer batches differently from what this curriculum was built for."""
+        shape = trl_batch_shape(args)
+        built = (self.shape.prompts_per_step, self.shape.group_size)
+        if (shape.prompts_per_step, shape.group_size) != built:
+            raise ValueError(f"the curriculum was built for {built[0]} prompts x {built[1]} completions per generation "
+                             f"batch, the trainer uses {shape.prompts_per_step} x {shape.group_size}: build it from "
+                             "the GRPOConfig you train with")
+
+    def finish(self) -> None:
+        """Record the full groups of steps still open, drop the rest, and wait for the store."""
+        with self._lock:
+            self._record_closed(None, everything=True)
+        self.scheduler.flush()
+
+    def close(self, status: str = "finished") -> None:
+        if self._closed:
+            return
+        try:
+            self.finish()
+        finally:
+            self._closed = True
+            self.pool.close()
+            self.scheduler.close()
+            self.store.finish_run(self.run_id, status)
+            if self._owns_store:
+                self.store.close()
+
+    def __enter__(self) -> "TRLCurriculum":
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.close("failed" if exc_type is not None else "finished")
+
+
+class CurriculumCallback(TrainerCallback):
+    """Checks TRL's batching when training starts; records the steps left open when it ends."""
+
+    def __init__(self, curriculum: TRLCurriculum) -> None:
+        self.curriculum = curriculum
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.curriculum.check_args(args)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.curriculum.finish()
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+def _live_curriculum(run_id: str) -> TRLCurriculum:
+    found = _LIVE.get(run_id)
+    if found is None:
+        raise RuntimeError(f"TRLCurriculum of run {run_id} is not alive in this process: a curriculum cannot be "
+                           "copied to another process (keep dataloader_num_workers=0)")
+    return found
+
+
+def _check_settings(domains: dict[str, Domain], advantage_std: str) -> None:
+    if advantage_std not in ADVANTAGE_STD_MODES:
+        raise ValueError(f"advantage_std must be one of {', '.join(ADVANTAGE_STD_MODES)}, not {advantage_std!r}")
+    if not domains:
+        raise ValueError("the TRL curriculum needs at least one domain")
+    for name, domain in domains.items():
+        if getattr(domain, "multi_turn", False):
+            raise ValueError(f"domain {name!r} is multi-turn (tools); the TRL curriculum scores single completions")
+
+
+def _curriculum_config(policy: PolicyConfig | dict | None,
+                       difficulty: DifficultyConfig | dict | None) -> CurriculumConfig:
+    """Policy and difficulty validated as the Hydra apps validate them (defaults: learnability, threshold)."""
+    given = {key: value for key, value in (("policy", policy), ("difficulty", difficulty)) if value is not None}
+    try:
+        return CurriculumConfig.model_validate(given)
+    except ValidationError as exc:
+        raise ValueError(describe_error(exc)) from None
+
+
+def _default_store_url(output_dir: str | None) -> str:
+    folder = Path(output_dir or ".").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'palestra.db'}"
+
+
+def _trl_settings(args: Any) -> dict:
+    keys = ("max_steps", "learning_rate", "beta", "num_generations", "generation_batch_size", "num_iterations",
+            "max_completion_length", "temperature", "loss_type", "seed")
+    settings = {k: getattr(args, k) for k in keys if isinstance(getattr(args, k, None), (int, float, str))}
+    for package in ("trl", "transformers"):
+        try:
+            settings[f"{package}_version"] = version(package)
+        except PackageNotFoundError:
+            pass
+    return settings
+
+
+def _step_metrics(plan: Plan, outcomes: list[Outcome], rewards: torch.Tensor, global_step: int | None) -> dict:
+    """The step's row of the store's metrics table, with the keys Palestra's trainer uses."""
+    spread = rewards.max(dim=1).values - rewards.min(dim=1).values
+    metrics: dict[str, Any] = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
+                               "zero_variance_share": float((spread < 1e-9).float().mean()),
+                               "rollouts": len(outcomes)}
+    if global_step is not None:
+        metrics["trl/global_step"] = int(global_step)
+    by_domain: dict[str, list[Outcome]] = defaultdict(list)
+    for o in outcomes:
+        by_domain[o.domain].append(o)
+    for i, name in enumerate(plan.domains):
+        metrics[f"domain/{name}/weight"] = float(plan.weights[i])
+        metrics[f"domain/{name}/level"] = int(plan.levels[i])
+        metrics[f"domain/{name}/prompts"] = sum(n for (d, _), n in plan.counts.items() if d == name)
+        rows = by_domain.get(name)
+        if rows:
+            metrics[f"domain/{name}/reward"] = sum(o.reward for o in rows) / len(rows)
+            metrics[f"domain/{name}/success"] = sum(o.correct for o in rows) / len(rows)
+            metrics[f"domain/{name}/errors"] = sum(Status(o.status) in _FAILED for o in rows)
+    return metrics
+
+
+def _log_to_trl(log_metric: Callable[[str, float], None], tasks: list[Task], verdicts: list[Verdict],
+                recorded: list[Plan]) -> None:
+    """Per-domain reward and success of this call, and the weights and levels of the plans just
+    recorded, into TRL's logs (it averages them over each logging step)."""
+    by_domain: dict[str, list[Verdict]] = defaultdict(list)
+    for task, verdict in zip(tasks, verdicts):
+        by_domain[task.domain].append(verdict)
+    for name, found in sorted(by_domain.items()):
+        log_metric(f"palestra/{name}/reward", sum(v.result.reward for v in found) / len(found))
+        log_metric(f"palestra/{name}/success", sum(v.result.correct for v in found) / len(found))
+    log_metric("palestra/verifier_failures", float(sum(v.result.status in _FAILED for v in verdicts)))
+    for plan in recorded:
+        for i, name in enumerate(plan.domains):
+            log_metric(f"palestra/{name}/weight", float(plan.weights[i]))
+            log_metric(f"palestra/{name}/level", float(plan.levels[i]))
