@@ -136,8 +136,14 @@ class TargetDifficultyConfig(_DifficultyBase):
     alpha: float = Field(2.0, gt=0)
 
 
+class LearnabilityDifficultyConfig(_Strict):
+    type: Literal["learnability"] = "learnability"
+    floor: float = Field(0.2, ge=0, le=1, description="share of each domain's prompts spread evenly over its levels")
+    window: int = Field(32, ge=1, description="recent attempts per level behind its success estimate")
+
+
 DifficultyConfig = Annotated[
-    Union[FixedDifficultyConfig, ThresholdDifficultyConfig, TargetDifficultyConfig],
+    Union[FixedDifficultyConfig, ThresholdDifficultyConfig, TargetDifficultyConfig, LearnabilityDifficultyConfig],
     Field(discriminator="type"),
 ]
 

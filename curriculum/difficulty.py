@@ -5,8 +5,10 @@ and updates all domains at once with numpy. The scheduler hands it one step's pe
 counts as flat arrays (``LevelTable`` says where each domain's levels start), so reading "the
 counts at each domain's current level" is one fancy-indexing operation.
 
-Every controller can mix levels: ``replay_share`` of a domain's prompts come from the level just
-below the current one (where there is one) — a guard against forgetting the easier levels.
+Every controller says how a domain's prompts spread over its levels (``shares``, one number per
+cell, summing to 1 within each domain). The level-walking controllers put them on the current level,
+with ``replay_share`` of them on the level just below (where there is one) — a guard against
+forgetting the easier levels. ``LearnabilityDifficulty`` spreads them over every level at once.
 """
 from __future__ import annotations
 
@@ -71,6 +73,16 @@ class DifficultyController:
     def replay(self) -> np.ndarray:
         """Share of each domain's prompts to draw from the level below [D] (0 at the lowest level)."""
         return np.where(self.idx > 0, self.replay_share, 0.0)
+
+    def shares(self) -> np.ndarray:
+        """Share of each domain's prompts per (domain, level) cell [n_cells]; sums to 1 per domain."""
+        out = np.zeros(self.table.n_cells)
+        replay = self.replay()
+        here = self.table.offset + self.idx
+        out[here] = 1.0 - replay
+        below = self.idx > 0
+        out[here[below] - 1] = replay[below]
+        return out
 
     def current(self, cells: np.ndarray) -> np.ndarray:
         """Pick each domain's current-level entry out of a flat per-cell array."""
@@ -181,6 +193,59 @@ class TargetDifficulty(DifficultyController):
         self.position = np.asarray(state["position"], dtype=float)
 
 
+class LearnabilityDifficulty(DifficultyController):
+    """Spread each domain's prompts over all its levels, in proportion to each level's learnability
+    p(1 − p), where p is the recent success rate at that level; a ``floor`` share is spread evenly
+    over the levels so that none is ever dropped.
+
+    Source: LILO's learnability weighting (weight ∝ p(1 − p), arXiv 2502.12272), applied to the
+    levels of a domain instead of across domains. Why: a small model's levels are not always
+    ordered by how hard they are for *it*, and the walking controllers train one level at a time,
+    so the levels they leave behind are forgotten. Here every level keeps being trained, the most
+    learnable ones most. p is a Laplace estimate (s + 1) / (n + 2) over a window of recent attempts
+    scaled back as in ``ThresholdDifficulty``, so an unseen level starts at p = 0.5, the most
+    learnable, and is tried early. ``levels()`` reports the level with the largest share.
+    """
+
+    name = "learnability"
+
+    def __init__(self, table: LevelTable, floor: float = 0.2, window: int = 32) -> None:
+        super().__init__(table)
+        if not 0.0 <= floor <= 1.0:
+            raise ValueError(f"floor must be in [0, 1], got {floor}")
+        self.floor, self.window = float(floor), int(window)
+        self.win_attempts = np.zeros(table.n_cells)
+        self.win_successes = np.zeros(table.n_cells)
+
+    def shares(self) -> np.ndarray:
+        t = self.table
+        p = (self.win_successes + 1.0) / (self.win_attempts + 2.0)
+        score = p * (1.0 - p)
+        total = np.bincount(t.domain_of, weights=score, minlength=len(t.domains))[t.domain_of]
+        even = 1.0 / t.n_levels[t.domain_of]
+        return (1.0 - self.floor) * score / total + self.floor * even
+
+    def update(self, step: int, attempts: np.ndarray, successes: np.ndarray, reward_sum: np.ndarray) -> None:
+        self.win_attempts += attempts
+        self.win_successes += successes
+        scale = np.where(self.win_attempts > self.window, self.window / np.maximum(self.win_attempts, 1.0), 1.0)
+        self.win_attempts *= scale
+        self.win_successes *= scale
+        shares = self.shares()
+        for d in range(len(self.table.domains)):  # the level with the largest share, for reports
+            lo, n = self.table.offset[d], self.table.n_levels[d]
+            self.idx[d] = int(np.argmax(shares[lo:lo + n]))
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "win_attempts": self.win_attempts.tolist(),
+                "win_successes": self.win_successes.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.win_attempts = np.asarray(state["win_attempts"], dtype=float)
+        self.win_successes = np.asarray(state["win_successes"], dtype=float)
+
+
 CONTROLLERS: dict[str, type[DifficultyController]] = {
-    cls.name: cls for cls in (FixedDifficulty, ThresholdDifficulty, TargetDifficulty)
+    cls.name: cls for cls in (FixedDifficulty, ThresholdDifficulty, TargetDifficulty, LearnabilityDifficulty)
 }

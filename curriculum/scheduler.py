@@ -89,24 +89,24 @@ class Scheduler:
         return plan
 
     def _split_levels(self, step: int, per_domain: np.ndarray) -> dict[tuple[str, int], int]:
-        """Prompts of each domain between its current level and (replay share) the level below.
+        """Each domain's prompts over its levels, following the controller's shares.
 
-        The replay count is rounded up or down at random (seeded by step), so a share worth half a
-        prompt gives one prompt every other step on average.
+        Systematic rounding: the cumulative shares times the domain's count are rounded down after
+        one random offset per domain (seeded by step), so the counts sum exactly to the domain's
+        prompts and each level gets its share on average — a share worth half a prompt gives one
+        prompt every other step.
         """
-        idx = self.controller.idx
-        jitter = np.random.default_rng([self.seed, int(step), 1]).random(len(idx))
-        replay = np.minimum(np.floor(self.controller.replay() * per_domain + jitter), per_domain)
-        replay = replay.astype(np.int64) * (per_domain > 0)
-        main = per_domain - replay
+        t = self.table
+        offset = np.random.default_rng([self.seed, int(step), 1]).random(len(self.domains))
+        shares = self.controller.shares()
         counts: dict[tuple[str, int], int] = {}
-        values = self.table.values
         for d in np.nonzero(per_domain)[0]:  # only domains that got prompts (<= prompts_per_step)
-            cell = self.table.offset[d] + idx[d]
-            if main[d]:
-                counts[(self.domains[d], int(values[cell]))] = int(main[d])
-            if replay[d]:
-                counts[(self.domains[d], int(values[cell - 1]))] = int(replay[d])
+            lo, n = t.offset[d], t.n_levels[d]
+            cum = np.cumsum(shares[lo:lo + n])
+            edges = np.floor(cum / cum[-1] * per_domain[d] + offset[d]).astype(np.int64)
+            given = np.diff(np.concatenate([[int(np.floor(offset[d]))], edges]))
+            for i in np.nonzero(given)[0]:
+                counts[(self.domains[d], int(t.values[lo + i]))] = int(given[i])
         return counts
 
     # -- record -------------------------------------------------------------------------------
@@ -126,7 +126,10 @@ class Scheduler:
             given[self.table.domains_index[domain]] += n
         cells = self.aggregate(outcomes)
         if self._writer is not None:
-            self._writer.submit(self.run_id, step, plan, list(outcomes), metrics, self._stat_rows(cells), tasks)
+            # The writer gets its own copies: the trainer keeps adding to its metrics dict after
+            # record returns, and a dict that grows while the writer serialises it breaks the write.
+            self._writer.submit(self.run_id, step, plan, list(outcomes), dict(metrics or {}),
+                                self._stat_rows(cells), dict(tasks or {}))
         elif self.store is not None:
             self.store.write_step(self.run_id, step, plan, outcomes, metrics,
                                   step_stats=self._stat_rows(cells), tasks=tasks)

@@ -87,6 +87,40 @@ def test_fixed_stays_put_and_replay_share_points_below():
     assert low.replay().tolist() == [0.0, 0.0, 0.0]  # nothing below the easiest level
 
 
+def test_learnability_spreads_over_levels_by_p_times_one_minus_p():
+    ctrl = controller("learnability", floor=0.2, window=32)
+    shares = ctrl.shares()
+    # unseen levels are all at p = 0.5: an even spread
+    assert np.allclose(shares[:4], 0.25) and np.allclose(shares[8:], 0.5)
+    t = ctrl.table
+    att, suc = np.zeros(t.n_cells), np.zeros(t.n_cells)
+    rates = [1.0, 0.5, 0.0, 0.0]  # "solved": level 1 mastered, level 2 half right, 3 and 4 never
+    att[:4] = 30
+    suc[:4] = [30 * r for r in rates]
+    ctrl.update(0, att, suc, suc.copy())
+    p = (suc[:4] + 1) / (att[:4] + 2)  # Laplace estimates: 31/32, 16/32, 1/32, 1/32
+    score = p * (1 - p)
+    expected = 0.8 * score / score.sum() + 0.2 / 4
+    shares = ctrl.shares()
+    assert np.allclose(shares[:4], expected)
+    assert shares[1] > 0.6 and shares[0] >= 0.05 and ctrl.levels()[0] == 2  # level 2 leads, none dropped
+    assert np.allclose(np.bincount(t.domain_of, weights=shares), 1.0)
+
+
+def test_scheduler_splits_a_domain_over_levels_by_the_shares():
+    from curriculum.config import parse_policy
+    from curriculum.scheduler import Scheduler
+    sched = Scheduler({"a": (1, 2, 3, 4)}, parse_policy({"type": "uniform"}),
+                      parse_difficulty({"type": "learnability", "floor": 0.0}), prompts_per_step=8, seed=3)
+    totals = np.zeros(4)
+    for step in range(50):
+        plan = sched.plan(step)
+        assert sum(plan.counts.values()) == 8
+        for (_, level), n in plan.counts.items():
+            totals[level - 1] += n
+    assert np.allclose(totals / totals.sum(), 0.25, atol=0.03)  # even shares, exact counts each step
+
+
 @pytest.mark.parametrize("kind", sorted(CONTROLLERS))
 def test_state_round_trip(kind):
     ctrl = controller(kind)

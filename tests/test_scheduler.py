@@ -225,6 +225,24 @@ def test_write_behind_stores_the_same_rows(tmp_path):
     store.close()
 
 
+def test_write_behind_stores_the_metrics_as_they_were_at_record_time(tmp_path):
+    """The trainer adds timings to its metrics dict after record returns; the background writer
+    must store the dict as handed over, not race the later additions (a dict that grows while it
+    is serialised fails the write)."""
+    store = StatsStore(f"sqlite:///{tmp_path / 'p.db'}")
+    sched = Scheduler(DOMAINS, parse_policy({"type": "uniform"}), parse_difficulty({"type": "fixed"}),
+                      prompts_per_step=4, store=store, write_behind=True)
+    rng = random.Random(0)
+    for step in range(20):
+        metrics = {"loss": float(step)}
+        sched.record(step, rollouts(sched.plan(step), rng), metrics)
+        metrics.update({f"late/{i}": i for i in range(200)})
+    sched.flush()
+    assert store.metrics(sched.run_id) == [{"step": s, "loss": float(s)} for s in range(20)]
+    sched.close()
+    store.close()
+
+
 def test_write_behind_failure_reaches_the_trainer(tmp_path):
     store = StatsStore(f"sqlite:///{tmp_path / 'p.db'}")
     sched = Scheduler(DOMAINS, parse_policy({"type": "uniform"}), parse_difficulty({"type": "fixed"}),
