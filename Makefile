@@ -15,7 +15,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(FIND_LINKS) "$(TORCH)"
-	$(BIN)/pip install -q $(FIND_LINKS) -e ".[test,report,tune]"
+	$(BIN)/pip install -q $(FIND_LINKS) -e ".[test,report,tune,ray,reasoning_gym]"
 	touch $@
 
 system-deps:

@@ -36,8 +36,8 @@ def palestra_recipe(workdir: Path):
         "domains": ["arithmetic"], "policy": {"type": "uniform"}, "difficulty": {"type": "fixed"},
         "trainer": {"steps": 10_000, "prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": NEW_TOKENS,
                     "beta": BETA, "mu": 1, "lr": 1e-5, "rollout_batch_size": PROMPTS * GROUP,
-                    "micro_batch_size": PROMPTS * GROUP, "verifier_workers": 1},
-        "sft": {"steps": 0}, "eval": {"tasks_per_level": 1},
+                    "micro_batch_size": PROMPTS * GROUP},
+        "verifier": {"workers": 1}, "sft": {"steps": 0}, "eval": {"tasks_per_level": 1},
     })
     recipe = GRPORecipe(config)
     recipe.setup()

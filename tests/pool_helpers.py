@@ -6,6 +6,7 @@ The completion text picks the behaviour.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import sys
@@ -32,6 +33,8 @@ class UnrulyDomain(Domain):
         if behaviour == "hang":
             while True:  # a verifier stuck in a loop; only the parent's deadline ends it
                 time.sleep(0.01)
+        if behaviour == "block":
+            ctypes.PyDLL(None).sleep(3600)  # stuck in C holding the GIL: no Python code runs, no handler
         if behaviour == "garbage":
             return {"reward": 1.0}  # type: ignore[return-value]  # not a VerifyResult
         if behaviour == "unsendable":

@@ -56,8 +56,8 @@ def tiny_config(tmp_path, **overrides):
         "domains": ["digit_variety", "arithmetic"],
         "policy": {"type": "learnability"}, "difficulty": {"type": "threshold"},
         "trainer": {"steps": 3, "prompts_per_step": 4, "group_size": 4, "lr": 1e-2, "max_new_tokens": 8,
-                    "rollout_batch_size": 8, "micro_batch_size": 8, "verifier_workers": 1, "table_every": 1},
-        "sft": {"steps": 2, "batch_size": 8}, "eval": {"tasks_per_level": 2},
+                    "rollout_batch_size": 8, "micro_batch_size": 8, "table_every": 1},
+        "verifier": {"workers": 1}, "sft": {"steps": 2, "batch_size": 8}, "eval": {"tasks_per_level": 2},
     }
     for key, value in overrides.items():
         raw.setdefault(key, {}).update(value) if isinstance(value, dict) else raw.__setitem__(key, value)

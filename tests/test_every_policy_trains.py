@@ -18,7 +18,7 @@ def _train(tmp_path, override: str) -> dict:
         cfg = compose(config_name="config", overrides=[
             override, f"output_dir={tmp_path}", "domains=[arithmetic,fractions]", "trainer.steps=2",
             "trainer.prompts_per_step=4", "trainer.group_size=2", "trainer.max_new_tokens=4",
-            "trainer.verifier_workers=1", "sft.steps=0", "eval.tasks_per_level=1", *TINY,
+            "verifier.workers=1", "sft.steps=0", "eval.tasks_per_level=1", *TINY,
         ])
     return run(to_config(cfg))
 

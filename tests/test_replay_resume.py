@@ -27,8 +27,8 @@ def tiny(tmp_path, domains, steps, **extra):
         "name": "audit", "seed": 11, "output_dir": str(tmp_path / "run"), "model": TINY, "domains": domains,
         "policy": {"type": "learnability"}, "difficulty": {"type": "threshold"},
         "trainer": {"steps": steps, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8,
-                    "rollout_batch_size": 16, "micro_batch_size": 16, "verifier_workers": 1},
-        "sft": {"steps": 3, "batch_size": 8}, "eval": {"tasks_per_level": 1}, **extra,
+                    "rollout_batch_size": 16, "micro_batch_size": 16},
+        "verifier": {"workers": 1}, "sft": {"steps": 3, "batch_size": 8}, "eval": {"tasks_per_level": 1}, **extra,
     }
 
 
@@ -58,7 +58,7 @@ def test_replay_flags_a_nondeterministic_verifier(tmp_path, capsys):
 def _train_cli(output_dir: Path, steps: int, resume: str = "never") -> subprocess.Popen:
     args = [sys.executable, "-m", "trainer.app", f"output_dir={output_dir}", "seed=5", f"trainer.steps={steps}",
             "trainer.prompts_per_step=4", "trainer.group_size=4", "trainer.max_new_tokens=8",
-            "trainer.rollout_batch_size=16", "trainer.micro_batch_size=16", "trainer.verifier_workers=1",
+            "trainer.rollout_batch_size=16", "trainer.micro_batch_size=16", "verifier.workers=1",
             "sft.steps=3", "sft.batch_size=8", "eval.tasks_per_level=1", "checkpoint.every=1",
             "model.tiny.hidden_size=32", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
             "model.tiny.intermediate_size=64", f"resume={resume}", "domains=[arithmetic,fractions]"]

@@ -3,16 +3,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from curriculum.config import fill_run_defaults
 from curriculum.store import StoreUnavailable
+from domains.backend import VerifierBackendUnavailable
+from trainer.vllm_engine import VLLMUnavailable
 from domains.registry import DomainError
 from trainer.config import ConfigError, PalestraConfig, validate_config
 
@@ -27,9 +31,14 @@ def to_config(cfg: DictConfig, hydra_cfg: Any | None = None) -> PalestraConfig:
     return validate_config(fill_run_defaults(raw, hydra_cfg, default_name="palestra"))
 
 
-def run(config: PalestraConfig) -> dict[str, Any]:
+def run(config: PalestraConfig | None) -> dict[str, Any]:
+    """Train with ``config``. Under torchrun, rank 0 passes the config it validated and the other
+    ranks pass None and receive it, so every rank trains with the very same settings (including
+    an output_dir that Hydra stamped with rank 0's clock)."""
+    from trainer import distributed
     from trainer.grpo import GRPORecipe  # heavy imports only once the config is known to be valid
 
+    config = distributed.init().broadcast(config)
     recipe = GRPORecipe(config)
     status = "failed"
     try:
@@ -53,8 +62,10 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 def _hydra_main(cfg: DictConfig) -> None:
     try:
         config = to_config(cfg, HydraConfig.get())
+        if _launched_ranks() > 1 and HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise ConfigError("a torchrun launch trains one run; start one launch per sweep point instead of -m")
         summary = run(config)
-    except (ConfigError, DomainError, StoreUnavailable) as exc:
+    except (ConfigError, DomainError, StoreUnavailable, VerifierBackendUnavailable, VLLMUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     before, after = summary["before"].get("eval/macro", 0.0), summary["after"].get("eval/macro", 0.0)
@@ -62,7 +73,16 @@ def _hydra_main(cfg: DictConfig) -> None:
                       "macro_gain": round(after - before, 4)}))
 
 
+def _launched_ranks() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun
+
+
 def main() -> None:
+    if int(os.environ.get("RANK", "0")) > 0:
+        # torchrun's other ranks: rank 0 alone composes and validates the config (and creates
+        # Hydra's output folder); they receive it and train alongside, silently
+        run(None)
+        return
     _hydra_main()
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig, describe_error
+from domains.backend import VerifierConfig
 from trainer.health import HealthConfig
 
 
@@ -65,13 +66,33 @@ class TrainerConfig(Strict):
     grad_clip: float = Field(1.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0)
     sft_coef: float = Field(0.0, ge=0)  # blend a supervised loss on reference completions
-    verifier_workers: int = Field(2, ge=1)
     # Torch threads on the CPU. One by default: the models trained on CPUs are small, the verifier
     # workers and the store writer need a core too, and OpenMP threads that spin-wait on a busy
     # machine made small steps ten times slower in our measurements.
     cpu_threads: int = Field(1, ge=1)
     log_every: int = Field(1, gt=0)
     table_every: int = Field(10, gt=0)
+    # hf: the trainer's own KV-cached sampler; vllm: a colocated vLLM engine (CUDA only) that gets
+    # the weights pushed after every update (trainer/vllm_engine.py)
+    rollout_backend: Literal["hf", "vllm"] = "hf"
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _vllm_needs_cuda(self) -> "TrainerConfig":
+        if self.rollout_backend == "vllm":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("trainer.rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on the CPU")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        # an old command line or conf file gets told where the key went, not just "extra input"
+        if isinstance(data, dict) and "verifier_workers" in data:
+            raise ValueError("trainer.verifier_workers moved to verifier.workers")
+        return data
 
 
 class SFTConfig(Strict):
@@ -101,13 +122,21 @@ class PalestraConfig(Strict):
     sweep_id: str | None = None
     resume: Literal["never", "auto"] | str = "never"  # "auto" or a checkpoint folder
     model: ModelConfig = ModelConfig()
+    # names, ``module:OBJECT`` paths or patterns (``rg_*``: every reasoning-gym domain)
     domains: list[str] = Field(default_factory=lambda: ["arithmetic", "linear_equations", "fractions"], min_length=1)
-    domain_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    domain_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # keyed by name or pattern
+
+    @field_validator("domains", mode="before")
+    @classmethod
+    def _one_domain(cls, value: Any) -> Any:
+        # `domains=rg_*` on the command line is a string, not a list of one
+        return [value] if isinstance(value, str) else value
     policy: PolicyConfig
     difficulty: DifficultyConfig
     store: StoreConfig = StoreConfig()
     selection: SelectionConfig = SelectionConfig()
     trainer: TrainerConfig = TrainerConfig()
+    verifier: VerifierConfig = VerifierConfig()
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

@@ -14,7 +14,7 @@ import torch
 
 from domains.api import Domain, Task
 from trainer.models import encode_prompt
-from trainer.rollout import Rollout, assemble, generate, left_pad
+from trainer.rollout import Rollout, Sampler, assemble, generate, left_pad
 
 TOOL_CALL_END = "</tool_call>"
 
@@ -52,6 +52,7 @@ def tool_message_tokens(tokenizer, content: str) -> list[int]:
 def run_episodes(
     model: torch.nn.Module, tokenizer, tasks: list[Task], domains: dict[str, Domain], *, max_new_tokens: int,
     max_total_tokens: int, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None,
+    sampler: Sampler = generate,
 ) -> tuple[Rollout, list[str]]:
     """Play one episode per task (repeat a task G times for a group); returns the rollout and the
     JSON transcripts, row for row."""
@@ -65,7 +66,7 @@ def run_episodes(
         if not live:
             break
         budget = max(1, min(max_new_tokens, min(max_total_tokens - len(episodes[i].tokens) for i in live)))
-        turn = generate(model, [episodes[i].prompt + episodes[i].tokens for i in live], max_new_tokens=budget,
+        turn = sampler(model, [episodes[i].prompt + episodes[i].tokens for i in live], max_new_tokens=budget,
                         eos_id=eos, pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
                         generator=generator, stop=stop)
         lengths = turn.completion_mask.sum(dim=1).tolist()
@@ -118,6 +119,7 @@ def _to_rollout(episodes: list[Episode], pad_id: int) -> Rollout:
 def sample_rows(
     model: torch.nn.Module, tokenizer, rows: list[Task], domains: dict[str, Domain], *, max_new_tokens: int,
     max_episode_tokens: int, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None,
+    sampler: Sampler = generate,
 ) -> tuple[Rollout, list[str]]:
     """One completion per row: a single generation, or a whole episode for tool domains.
 
@@ -128,8 +130,8 @@ def sample_rows(
     if is_multi_turn(domain):
         return run_episodes(model, tokenizer, rows, domains, max_new_tokens=budget,
                             max_total_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
-                            generator=generator)
-    rollout = generate(model, [encode_prompt(tokenizer, t.prompt) for t in rows], max_new_tokens=budget,
+                            generator=generator, sampler=sampler)
+    rollout = sampler(model, [encode_prompt(tokenizer, t.prompt) for t in rows], max_new_tokens=budget,
                        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=temperature,
                        top_p=top_p, generator=generator)
     return rollout, tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=False)

@@ -6,8 +6,9 @@ from collections import defaultdict
 import torch
 
 from domains.api import Domain, Task
-from domains.pool import VerifierPool
+from domains.backend import Pool
 from trainer.episodes import by_domain, sample_rows
+from trainer.rollout import Sampler, generate
 
 
 def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list[Task]:
@@ -19,8 +20,9 @@ def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list
 
 
 def evaluate(
-    model: torch.nn.Module, tokenizer, tasks: list[Task], pool: VerifierPool, *,
+    model: torch.nn.Module, tokenizer, tasks: list[Task], pool: Pool, *,
     max_new_tokens: int, max_episode_tokens: int = 256, temperature: float = 0.0, batch_size: int = 64, seed: int = 0,
+    sampler: Sampler = generate,
 ) -> dict[str, float]:
     """Success rate per domain (``eval/<domain>``), per level and the macro average."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
@@ -30,7 +32,8 @@ def evaluate(
         for start in range(0, len(kind), batch_size):
             chunk = kind[start:start + batch_size]
             _, texts = sample_rows(model, tokenizer, chunk, pool.domains, max_new_tokens=max_new_tokens,
-                                   max_episode_tokens=max_episode_tokens, temperature=temperature, generator=generator)
+                                   max_episode_tokens=max_episode_tokens, temperature=temperature, generator=generator,
+                                   sampler=sampler)
             futures += [pool.submit(task, text) for task, text in zip(chunk, texts)]
             ordered += chunk
     model.train()

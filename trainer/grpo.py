@@ -4,10 +4,15 @@ One step: the scheduler plans how many prompts per (domain, level); tasks are dr
 per task are sampled in chunks, and each chunk's verification runs in the worker pool while the
 next chunk generates; group-relative advantages feed the clipped policy loss; the step's outcomes
 go back to the scheduler, which writes them to the store in one transaction.
+
+Under ``torchrun`` the ranks share each step's sampling, verification and training; rank 0 alone
+plans and records (``trainer/distributed.py`` explains the split).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import math
 import random
 import signal
@@ -25,9 +30,10 @@ from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.store import StatsStore, StoreUnavailable
 from curriculum.types import Outcome, Plan
 from domains.api import Status, Task, stable_hash
+from domains.backend import make_pool
 from domains.pool import VerifierPool
 from domains.registry import load_all
-from trainer import checkpoint
+from trainer import checkpoint, distributed
 from trainer.batch import StepBatch, concat
 from trainer.config import PalestraConfig
 from trainer.evaluate import evaluate, format_eval, heldout_tasks
@@ -36,9 +42,10 @@ from trainer.losses import grpo_loss, group_advantages
 from trainer.metrics import MetricsLogger
 from trainer.models import load_model, load_tokenizer, model_path, pick_device
 from trainer.episodes import by_domain, sample_rows
-from trainer.rollout import sequence_logprobs
+from trainer.rollout import Rollout, Sampler, generate, sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss, warm_start
 from trainer.tasks import TaskSource
+from trainer.vllm_engine import VLLMEngine
 
 
 class GRPORecipe:
@@ -52,18 +59,21 @@ class GRPORecipe:
         self.run_id: str | None = None
         self.history: dict[str, dict[str, float]] = {}
         self.health = HealthMonitor(cfg.health)
+        self.world = distributed.World()  # setup joins the process group under torchrun
 
     # -- setup ------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
+        self.world = distributed.init()  # one process, or this rank of a torchrun launch
         # Domains first: an unknown or broken plugin fails before anything heavy happens.
         self.domains = load_all(cfg.domains, cfg.domain_options)
         seed_everything(cfg.seed)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.device = pick_device(cfg.model.device)
+        self.device = self.world.place(pick_device(cfg.model.device))
         if self.device.type == "cpu":
             torch.set_num_threads(cfg.trainer.cpu_threads)
-        path = model_path(cfg.model, self.output_dir, cfg.seed)
+        # rank 0 builds the tiny model's folder; the other ranks then read it
+        path = self.world.main_first(lambda: model_path(cfg.model, self.output_dir, cfg.seed))
         self.tokenizer = load_tokenizer(path, tiny=cfg.model.type == "tiny")
         self.model = load_model(path, self.device)
         anchor = self.output_dir / "sft-model"  # written after SFT; present when resuming
@@ -72,9 +82,12 @@ class GRPORecipe:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
         warmup = max(1, cfg.trainer.warmup_steps)
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
-        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        self.pool = VerifierPool(self.domains, workers=cfg.trainer.verifier_workers)
-        self.store = StatsStore(cfg.store.url or f"sqlite:///{(self.output_dir / 'palestra.db').resolve()}")
+        self.pool = make_pool(self.domains, cfg.verifier)
+        self.engine = (VLLMEngine(path, gpu_memory_utilization=cfg.trainer.vllm_gpu_memory_utilization, seed=cfg.seed)
+                       if cfg.trainer.rollout_backend == "vllm" else None)
+        self._weights_version, self._engine_version = 0, 0  # the engine holds the policy it loaded
+        if self.world.is_main:  # rank 0 alone records: one store connection, one run row
+            self.store = StatsStore(cfg.store.url or f"sqlite:///{(self.output_dir / 'palestra.db').resolve()}")
         self.heldout = heldout_tasks(self.domains, cfg.eval.tasks_per_level, cfg.eval.seed)
         self.tasks = TaskSource(self.domains, {t.id for t in self.heldout}, cfg.seed)
         self.scheduler_args = dict(
@@ -82,23 +95,27 @@ class GRPORecipe:
             policy=cfg.policy, difficulty=cfg.difficulty, prompts_per_step=cfg.trainer.prompts_per_step,
             seed=cfg.seed, store=self.store, write_behind=True,  # the database write overlaps training
         )
-        latest = checkpoint.find(self.output_dir, cfg.resume)
+        latest = self.world.broadcast(checkpoint.find(self.output_dir, cfg.resume) if self.world.is_main else None)
         if latest is not None:
             self._resume(latest)
-        else:
+        elif self.world.is_main:
             stored_config = {**cfg.model_dump(mode="json"), "versions": library_versions()}
             self.run_id = self.store.start_run(cfg.name, stored_config, cfg.seed, sweep_id=cfg.sweep_id)
             self.scheduler = Scheduler(run_id=self.run_id, **self.scheduler_args)
             self.tasks.selector = self._selector()
-        self.logger = MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.table_every)
+        self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.table_every)
+                       if self.world.is_main else distributed.QuietLogger())
 
     def _selector(self) -> PromptSelector:
         return PromptSelector(self.cfg.selection, seed=self.cfg.seed, store=self.store, run_id=self.run_id)
 
     def _resume(self, path: Path) -> None:
         state = checkpoint.load(path, self.model, self.optimizer, self.lr_schedule)
+        self._weights_version += 1
         self.start_step = state["step"]
         self.run_id = state["run_id"]
+        if not self.world.is_main:  # a replica needs the model, optimizer and schedule; rank 0 the rest
+            return
         assert self.store is not None
         # Steps after the checkpoint are redone; their rows must not count twice. Steps the store
         # could not take before the checkpoint travel in it and are written now.
@@ -110,7 +127,6 @@ class GRPORecipe:
         self.tasks.load_state_dict(state["tasks"])
         self.tasks.selector = self._selector()
         self.tasks.selector.load_state_dict(state["selector"])
-        self.generator.set_state(state["generator"])
         checkpoint.restore_rng(state["rng"])
         self.history = state.get("history", {})
 
@@ -122,9 +138,13 @@ class GRPORecipe:
             self.logger.write(f"SFT warm start: {cfg.sft.steps} steps")
             warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.tasks.draw, seed=cfg.seed,
                        log=lambda s, m: self.logger.log(s, m, phase="sft"))
+            # every rank ran the same warm start; rank 0's weights win should a kernel differ
+            self.world.broadcast_parameters(self.model)
+            self._weights_version += 1
             if self.ref_model is not None:  # the KL anchor is the policy RL starts from, after SFT
                 self.ref_model.load_state_dict(self.model.state_dict())
-                self.model.save_pretrained(self.output_dir / "sft-model")  # the anchor again on resume
+                if self.world.is_main:
+                    self.model.save_pretrained(self.output_dir / "sft-model")  # the anchor again on resume
             self.history["before"] = self._evaluate(0, "held-out success before GRPO")
         step = self.start_step
         self.logger.bar.reset(total=cfg.trainer.steps - self.start_step)  # the GRPO clock starts now
@@ -135,7 +155,7 @@ class GRPORecipe:
                     self.logger.advance(step, metrics)
                     if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
                         self._evaluate(step, f"held-out success at step {step}")
-                    if stop.requested:  # SIGTERM/SIGINT: finish the step, save, leave
+                    if self.world.any(stop.requested):  # SIGTERM/SIGINT: finish the step, save, leave
                         self.save_checkpoint(step)
                         raise KeyboardInterrupt(f"stopped by signal after step {step}; resume with resume=auto")
                     if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
@@ -153,11 +173,14 @@ class GRPORecipe:
                 "macro_gain": after.get("eval/macro", 0.0) - before.get("eval/macro", 0.0)}
 
     def _evaluate(self, step: int, title: str) -> dict[str, float]:
+        if not self.world.is_main:  # rank 0 evaluates; the others wait for it at the next step
+            return {}
         assert self.pool is not None and self.logger is not None
         metrics = evaluate(
             self.model, self.tokenizer, self.heldout, self.pool, max_new_tokens=self.cfg.trainer.max_new_tokens,
             max_episode_tokens=self.cfg.trainer.max_episode_tokens,
             temperature=self.cfg.eval.temperature, batch_size=self.cfg.trainer.rollout_batch_size, seed=self.cfg.eval.seed,
+            sampler=self._sampler(),
         )
         self.logger.log(step, metrics, phase="eval")
         self.logger.write(format_eval(metrics, title))
@@ -174,24 +197,31 @@ class GRPORecipe:
     def train_step(self, step: int) -> dict[str, Any]:
         t = self.cfg.trainer
         timer: dict[str, float] = defaultdict(float)
-        plan = self.scheduler.plan(step)
+        plan = self.world.broadcast(self.scheduler.plan(step) if self.world.is_main else None)
         batch, recorded = self._collect_with_refill(plan, timer)
         advantages = group_advantages(batch.rewards, t.advantage_std)  # [P, G]
         start = time.perf_counter()
         update = self._update(batch, advantages.flatten())
         timer["train"] = time.perf_counter() - start
         metrics = self._step_metrics(step, plan, batch, recorded, update, timer)
+        if self.world.is_main:  # every rank holds the whole step; rank 0 records it
+            self._record(step, batch, recorded, advantages, metrics)
+        return metrics
+
+    def _record(self, step: int, batch: StepBatch, recorded: list[StepBatch], advantages: torch.Tensor,
+                metrics: dict[str, Any]) -> None:
         start = time.perf_counter()
         outcomes = self._outcomes(recorded, batch, advantages)
         tasks = {task.id: task.to_json() for b in recorded for task in b.tasks}  # for replay
+        # the selector counted while this step's tasks were drawn; its counts must be in the
+        # metrics before the scheduler takes its copy for the store
+        metrics.update(self.tasks.selector.metrics())
         self.scheduler.record(step, outcomes, metrics, tasks=tasks)
         self.tasks.selector.record(step, outcomes)
-        metrics.update(self.tasks.selector.metrics())
         metrics["time/record"] = time.perf_counter() - start
         assert self.logger is not None
         self.logger.log(step, metrics)
         self._alarm(step, self.health.after_step(metrics))
-        return metrics
 
     # -- rollouts -----------------------------------------------------------------------------------
     def _collect_with_refill(self, plan: Plan, timer: dict[str, float]) -> tuple[StepBatch, list[StepBatch]]:
@@ -200,68 +230,87 @@ class GRPORecipe:
         Returns the batch to train on and every batch generated (discarded groups count in the
         rollout budget and are recorded in the store)."""
         t = self.cfg.trainer
-        generated = [self._collect(self.tasks.draw(plan.counts, step=plan.step), timer)]
+        generated = [self._collect(self._draw(plan.counts, plan.step), timer, (plan.step, 0))]
         keep = [generated[0].select(_varied(generated[0]))] if t.dynamic_sampling else [generated[0]]
-        for _ in range(t.max_refill_rounds if t.dynamic_sampling else 0):
+        for refill_round in range(1, 1 + (t.max_refill_rounds if t.dynamic_sampling else 0)):
             missing = t.prompts_per_step - sum(len(b.tasks) for b in keep)
             if missing <= 0:
                 break
             # refill in the plan's own proportions of (domain, level)
             planned = Counter((task.domain, task.level) for b in generated for task in b.tasks)
-            refill = self._collect(self.tasks.draw(_shrink(planned, missing), step=plan.step), timer)
+            refill = self._collect(self._draw(_shrink(planned, missing), plan.step), timer, (plan.step, refill_round))
             generated.append(refill)
             keep.append(refill.select(_varied(refill)[:missing]))
         keep = [b for b in keep if b.tasks] or [generated[0]]  # nothing varied: train on zeros (no-op)
         return concat(keep, self.tokenizer.pad_token_id), generated
 
-    def _collect(self, tasks: list[Task], timer: dict[str, float]) -> StepBatch:
-        """Sample G completions per task in chunks; verification of one chunk overlaps the next."""
+    def _draw(self, counts: dict[tuple[str, int], int], step: int) -> list[Task]:
+        """Rank 0 draws (it owns the task source and the prompt selector); every rank gets the list."""
+        return self.world.broadcast(self.tasks.draw(counts, step=step) if self.world.is_main else None)
+
+    def _collect(self, tasks: list[Task], timer: dict[str, float], seed_key: tuple[int, int]) -> StepBatch:
+        """Sample G completions per task in chunks; verification of one chunk overlaps the next.
+
+        Each rank samples and verifies its contiguous share of the tasks; the shares are gathered,
+        so every rank returns the whole batch. A chunk's sampling noise is seeded by (seed, step,
+        round, position of its first task) — ``seed_key`` is (step, round) — never by the rank: a
+        chunk gets the same completions in any number of processes, and again after a resume."""
         t = self.cfg.trainer
         assert self.pool is not None
         per_chunk = max(1, t.rollout_batch_size // t.group_size)
+        tasks = [task for kind in by_domain(tasks) for task in kind]  # domain runs, so shares split them alike
+        lo, hi = self.world.share(len(tasks))
         parts, futures = [], []
         start = time.perf_counter()
         self.model.eval()
-        for kind in by_domain(tasks):
-            for first in range(0, len(kind), per_chunk):
-                chunk = kind[first:first + per_chunk]
-                rows = [task for task in chunk for _ in range(t.group_size)]
-                with self._autocast():
-                    rollout, texts = sample_rows(
-                        self.model, self.tokenizer, rows, self.domains, max_new_tokens=t.max_new_tokens,
-                        max_episode_tokens=t.max_episode_tokens, temperature=t.temperature, top_p=t.top_p,
-                        generator=self.generator)
-                futures.append([self.pool.submit(task, text) for task, text in zip(rows, texts)])
-                parts.append(StepBatch(chunk, t.group_size, rollout, texts, []))
+        for first, chunk in _chunks(tasks[lo:hi], per_chunk):
+            rows = [task for task in chunk for _ in range(t.group_size)]
+            noise = torch.Generator(device=self.device).manual_seed(_chunk_seed(self.cfg.seed, *seed_key, lo + first))
+            with self._autocast():
+                rollout, texts = sample_rows(
+                    self.model, self.tokenizer, rows, self.domains, max_new_tokens=t.max_new_tokens,
+                    max_episode_tokens=t.max_episode_tokens, temperature=t.temperature, top_p=t.top_p,
+                    generator=noise, sampler=self._sampler())
+            futures.append([self.pool.submit(task, text) for task, text in zip(rows, texts)])
+            parts.append(StepBatch(chunk, t.group_size, _rollout_on_cpu(rollout), texts, []))
         self.model.train()
         timer["generate"] += time.perf_counter() - start
         start = time.perf_counter()
         for part, pending in zip(parts, futures):
             part.verdicts = [f.result() for f in pending]
-        timer["verify_wait"] += time.perf_counter() - start
+        parts = [part for share in self.world.gather(parts) for part in share]  # rank order = task order
+        timer["verify_wait"] += time.perf_counter() - start  # with several ranks: until every share is in
         return concat(parts, self.tokenizer.pad_token_id)
 
     # -- update ---------------------------------------------------------------------------------------
     def _update(self, batch: StepBatch, advantages: torch.Tensor) -> dict[str, float]:
-        """mu passes of the clipped objective over the batch, in micro-batches (one optimizer step each)."""
+        """mu passes of the clipped objective over the batch, in micro-batches (one optimizer step each).
+
+        With several ranks, each trains on its contiguous share of the groups and weights every
+        loss term by its share of the *whole step's* normaliser — tokens for token_mean, sequences
+        for seq_mean and constant, reference tokens for the SFT blend — so the gradients summed over
+        the ranks are the one-process gradient, and so are the summed statistics."""
         t = self.cfg.trainer
         r = batch.rollout
-        seqs, attn = r.sequences.to(self.device), r.attention_mask.to(self.device)
         mask = r.completion_mask.float()
         if t.mask_truncated:
             mask[r.truncated] = 0.0
-        mask, adv = mask.to(self.device), advantages.to(self.device)
+        step_rows, total_tokens = mask.shape[0], float(mask.sum().clamp(min=1.0))  # the whole step's
+        lo, hi = self.world.share(len(batch.tasks))
+        mine = slice(lo * batch.group_size, hi * batch.group_size)  # this rank's groups
+        seqs, attn = r.sequences[mine].to(self.device), r.attention_mask[mine].to(self.device)
+        mask, adv = mask[mine].to(self.device), advantages[mine].to(self.device)
         rows = seqs.shape[0]
         chunks = [slice(i, min(i + t.micro_batch_size, rows)) for i in range(0, rows, t.micro_batch_size)]
         old_logp = self._frozen_logprobs(self.model, seqs, attn, r.prompt_width, chunks) if t.mu > 1 else None
         ref_logp = self._frozen_logprobs(self.ref_model, seqs, attn, r.prompt_width, chunks) if self.ref_model else None
-        total_tokens = float(mask.sum().clamp(min=1.0))
-        sft_pairs = reference_pairs(self.tokenizer, batch.tasks, self.domains) if t.sft_coef > 0 else []
+        sft_pairs, sft_share = self._sft_share(batch.tasks, lo, hi) if t.sft_coef > 0 else ([], None)
         stats: dict[str, float] = defaultdict(float)
+        grad_norm = 0.0
         for _ in range(t.mu):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in chunks:
-                weight = (float(mask[mb].sum()) / total_tokens) if t.aggregation == "token_mean" else (mb.stop - mb.start) / rows
+                weight = (float(mask[mb].sum()) / total_tokens) if t.aggregation == "token_mean" else (mb.stop - mb.start) / step_rows
                 left, right = _padding_bounds(attn[mb], mask[mb], r.prompt_width)
                 with self._autocast():
                     logp, entropy = sequence_logprobs(self.model, seqs[mb, left:r.prompt_width + right],
@@ -279,14 +328,37 @@ class GRPORecipe:
                 stats["loss"] += out.loss.item() * weight / t.mu
             if sft_pairs:
                 sft = supervised_loss(self.model, sft_pairs, self.tokenizer.pad_token_id)
-                (t.sft_coef * sft).backward()
-                stats["sft_loss"] += sft.item() / t.mu
-            stats["grad_norm"] += self._optimizer_step() / t.mu
-        stats["lr"] = self.lr_schedule.get_last_lr()[0]
+                (t.sft_coef * sft_share * sft).backward()
+                stats["sft_loss"] += sft.item() * sft_share / t.mu
+            grad_norm += self._optimizer_step() / t.mu
+        keys = ["loss", "policy_loss", "kl", "clip_low_frac", "clip_high_frac", "entropy"]
+        update = self.world.sum_floats(stats, keys + (["sft_loss"] if sft_share is not None else []))
+        update.update(grad_norm=grad_norm, lr=self.lr_schedule.get_last_lr()[0])
         self.lr_schedule.step()
-        return dict(stats)
+        return update
+
+    def _sft_share(self, tasks: list[Task], lo: int, hi: int) -> tuple[list, float | None]:
+        """This rank's reference examples for the SFT blend (tasks[lo:hi]) and their share of the
+        step's reference tokens (the supervised loss is a token mean over all of them); the share
+        is None when no task of the step has a reference."""
+        per_task = [reference_pairs(self.tokenizer, [task], self.domains) for task in tasks]
+        tokens = [sum(sum(mask) for *_, mask in pairs) for pairs in per_task]
+        if not sum(tokens):
+            return [], None
+        return [pair for pairs in per_task[lo:hi] for pair in pairs], sum(tokens[lo:hi]) / sum(tokens)
+
+    def _sampler(self) -> Sampler:
+        """The trainer's own sampler, or the vLLM engine once it holds the current weights."""
+        if self.engine is None:
+            return generate
+        if self._engine_version != self._weights_version:
+            self.engine.push_weights(self.model)
+            self._engine_version = self._weights_version
+        return self.engine
 
     def _optimizer_step(self) -> float:
+        self._weights_version += 1
+        self.world.sum_gradients(self.model)  # each rank's share of the step's gradient -> the whole
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip))
         if not math.isfinite(grad_norm):
             # A NaN/inf gradient would poison the weights; skip this update and say so.
@@ -373,6 +445,8 @@ class GRPORecipe:
         ) from exc
 
     def save_checkpoint(self, step: int, unwritten: list[tuple] | None = None) -> Path | None:
+        if not self.world.is_main:  # the ranks hold the same weights; rank 0 holds everything else
+            return None
         if not all(torch.isfinite(p).all() for p in self.model.parameters()):
             # never let a poisoned model replace a good checkpoint
             self._alarm(step, ["non-finite weights: checkpoint not saved"])
@@ -383,7 +457,7 @@ class GRPORecipe:
             state={"run_id": self.run_id, "scheduler": self.scheduler.state_dict(allow_unwritten=unwritten is not None),
                    "unwritten": unwritten or [], "tasks": self.tasks.state_dict(),
                    "selector": self.tasks.selector.state_dict(),
-                   "generator": self.generator.get_state(), "rng": checkpoint.capture_rng(), "history": self.history},
+                   "rng": checkpoint.capture_rng(), "history": self.history},
         )
 
     def cleanup(self, status: str = "finished") -> None:
@@ -401,6 +475,7 @@ class GRPORecipe:
                 print(f"warning: could not mark run {self.run_id} {status}: {' '.join(str(exc).split())[:200]}")
         if self.logger is not None:
             self.logger.close()
+        distributed.shutdown()
 
 
 def _padding_bounds(attn: torch.Tensor, mask: torch.Tensor | None, prompt_width: int) -> tuple[int, int]:
@@ -414,6 +489,29 @@ def _padding_bounds(attn: torch.Tensor, mask: torch.Tensor | None, prompt_width:
     counted = mask.any(dim=0).nonzero()
     right = int(counted[-1]) + 1 if len(counted) else 1
     return left, right
+
+
+def _chunks(tasks: list[Task], size: int) -> list[tuple[int, list[Task]]]:
+    """(position of the first task, tasks) for generation batches of at most ``size`` tasks of one
+    domain; ``tasks`` come in domain runs, so each run starts where the previous one ended."""
+    chunks, start = [], 0
+    for kind in by_domain(tasks):
+        chunks += [(start + first, kind[first:first + size]) for first in range(0, len(kind), size)]
+        start += len(kind)
+    return chunks
+
+
+def _chunk_seed(seed: int, step: int, round_: int, position: int) -> int:
+    """A 63-bit seed for one generation batch, well mixed, from the run seed and where the batch sits."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{round_}/{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _rollout_on_cpu(r: Rollout) -> Rollout:
+    """Rollouts are small; on the CPU they can be pickled to other ranks and joined with tool
+    episodes (assembled on the CPU) whatever device generated them."""
+    return dataclasses.replace(r, sequences=r.sequences.cpu(), attention_mask=r.attention_mask.cpu(),
+                               completion_mask=r.completion_mask.cpu(), truncated=r.truncated.cpu())
 
 
 def _varied(batch: StepBatch) -> list[int]:

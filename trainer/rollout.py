@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -25,6 +26,11 @@ class Rollout:
     @property
     def completion_tokens(self) -> torch.Tensor:  # [B, L]
         return self.sequences[:, self.prompt_width:]
+
+
+# Anything called like ``generate`` below: the trainer's own sampler, or the vLLM engine
+# (trainer/vllm_engine.py), which ignores the model argument and samples from its pushed weights.
+Sampler = Callable[..., "Rollout"]
 
 
 def left_pad(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
