@@ -98,6 +98,30 @@ class DifficultyController:
         self.idx = np.asarray(state["idx"], dtype=np.int64)
 
 
+class _WindowedCounts:
+    """Recent attempts and successes, scaled back to ``window`` attempts whenever they exceed it:
+    an O(1) state per entry that weighs recent attempts most, close to a sliding window."""
+
+    def _init_window(self, size: int, window: int) -> None:
+        self.window = int(window)
+        self.win_attempts = np.zeros(size)
+        self.win_successes = np.zeros(size)
+
+    def _add_to_window(self, attempts: np.ndarray, successes: np.ndarray) -> None:
+        self.win_attempts += attempts
+        self.win_successes += successes
+        scale = np.where(self.win_attempts > self.window, self.window / np.maximum(self.win_attempts, 1.0), 1.0)
+        self.win_attempts *= scale
+        self.win_successes *= scale
+
+    def _window_state(self) -> dict:
+        return {"win_attempts": self.win_attempts.tolist(), "win_successes": self.win_successes.tolist()}
+
+    def _load_window(self, state: dict) -> None:
+        self.win_attempts = np.asarray(state["win_attempts"], dtype=float)
+        self.win_successes = np.asarray(state["win_successes"], dtype=float)
+
+
 class FixedDifficulty(DifficultyController):
     """Each domain stays at one level: ``level`` for all (None: the easiest), or per-domain ``start_levels``."""
 
@@ -109,7 +133,7 @@ class FixedDifficulty(DifficultyController):
         super().__init__(table, replay_share, {**every, **(start_levels or {})})
 
 
-class ThresholdDifficulty(DifficultyController):
+class ThresholdDifficulty(_WindowedCounts, DifficultyController):
     """Raise a domain's level when its success at the current level exceeds ``raise_above``, lower
     it below ``lower_below``, once ``window`` attempts at that level have been seen; the evidence is
     cleared whenever the level changes. Bounded by the domain's own levels.
@@ -127,17 +151,11 @@ class ThresholdDifficulty(DifficultyController):
         super().__init__(table, replay_share, start_levels)
         if not 0.0 <= lower_below < raise_above <= 1.0:
             raise ValueError("threshold needs 0 <= lower_below < raise_above <= 1")
-        self.raise_above, self.lower_below, self.window = raise_above, lower_below, int(window)
-        self.win_attempts = np.zeros(len(table.domains))
-        self.win_successes = np.zeros(len(table.domains))
+        self.raise_above, self.lower_below = raise_above, lower_below
+        self._init_window(len(table.domains), window)
 
     def update(self, step: int, attempts: np.ndarray, successes: np.ndarray, reward_sum: np.ndarray) -> None:
-        self.win_attempts += self.current(attempts)
-        self.win_successes += self.current(successes)
-        over = self.win_attempts > self.window
-        scale = np.where(over, self.window / np.maximum(self.win_attempts, 1.0), 1.0)
-        self.win_attempts *= scale
-        self.win_successes *= scale
+        self._add_to_window(self.current(attempts), self.current(successes))
         ready = self.win_attempts >= self.window - 1e-9
         rate = self.win_successes / np.maximum(self.win_attempts, 1e-12)
         up = ready & (rate > self.raise_above) & (self.idx < self.table.n_levels - 1)
@@ -148,13 +166,11 @@ class ThresholdDifficulty(DifficultyController):
         self.win_successes[changed] = 0.0
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "win_attempts": self.win_attempts.tolist(),
-                "win_successes": self.win_successes.tolist()}
+        return {**super().state_dict(), **self._window_state()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.win_attempts = np.asarray(state["win_attempts"], dtype=float)
-        self.win_successes = np.asarray(state["win_successes"], dtype=float)
+        self._load_window(state)
 
 
 class TargetDifficulty(DifficultyController):
@@ -193,7 +209,7 @@ class TargetDifficulty(DifficultyController):
         self.position = np.asarray(state["position"], dtype=float)
 
 
-class LearnabilityDifficulty(DifficultyController):
+class LearnabilityDifficulty(_WindowedCounts, DifficultyController):
     """Spread each domain's prompts over all its levels, in proportion to each level's learnability
     p(1 − p), where p is the recent success rate at that level; a ``floor`` share is spread evenly
     over the levels so that none is ever dropped.
@@ -213,9 +229,8 @@ class LearnabilityDifficulty(DifficultyController):
         super().__init__(table)
         if not 0.0 <= floor <= 1.0:
             raise ValueError(f"floor must be in [0, 1], got {floor}")
-        self.floor, self.window = float(floor), int(window)
-        self.win_attempts = np.zeros(table.n_cells)
-        self.win_successes = np.zeros(table.n_cells)
+        self.floor = float(floor)
+        self._init_window(table.n_cells, window)
 
     def shares(self) -> np.ndarray:
         t = self.table
@@ -226,24 +241,18 @@ class LearnabilityDifficulty(DifficultyController):
         return (1.0 - self.floor) * score / total + self.floor * even
 
     def update(self, step: int, attempts: np.ndarray, successes: np.ndarray, reward_sum: np.ndarray) -> None:
-        self.win_attempts += attempts
-        self.win_successes += successes
-        scale = np.where(self.win_attempts > self.window, self.window / np.maximum(self.win_attempts, 1.0), 1.0)
-        self.win_attempts *= scale
-        self.win_successes *= scale
+        self._add_to_window(attempts, successes)
         shares = self.shares()
         for d in range(len(self.table.domains)):  # the level with the largest share, for reports
             lo, n = self.table.offset[d], self.table.n_levels[d]
             self.idx[d] = int(np.argmax(shares[lo:lo + n]))
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "win_attempts": self.win_attempts.tolist(),
-                "win_successes": self.win_successes.tolist()}
+        return {**super().state_dict(), **self._window_state()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.win_attempts = np.asarray(state["win_attempts"], dtype=float)
-        self.win_successes = np.asarray(state["win_successes"], dtype=float)
+        self._load_window(state)
 
 
 CONTROLLERS: dict[str, type[DifficultyController]] = {

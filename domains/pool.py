@@ -90,27 +90,29 @@ class _Worker:
         self.conn.close()
 
 
-class VerifierPool:
-    """Verify completions in parallel worker processes; ``submit`` returns a Future[Verdict]."""
+class QueuedPool:
+    """What every verifier pool shares: calls wait in a queue that the pool's dispatcher thread hands
+    to its workers, and the public API — ``submit`` returns a Future[Verdict], ``verify_many``,
+    ``close``, use as a context manager. Subclasses start their workers and dispatcher, wake the
+    dispatcher in ``_wake`` and stop everything in ``close``."""
 
-    def __init__(self, domains: dict[str, Domain], workers: int | None = None) -> None:
+    def _init_queue(self, domains: dict[str, Domain]) -> None:
         self.domains = domains
-        self._ctx = mp.get_context("spawn")  # never fork a process that holds torch threads
-        n = max(1, workers or os.cpu_count() or 1)
-        self._workers = [_Worker(self._ctx, domains) for _ in range(n)]
         self._queue: deque[_Job] = deque()
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._wakeup_r, self._wakeup_w = self._ctx.Pipe(duplex=False)
         self._closed = False
         self.timeouts = 0
         self.restarts = 0
         self.start_failures = 0
         self.broken: str | None = None
-        self._thread = threading.Thread(target=self._dispatch_loop, name="verifier-pool", daemon=True)
-        self._thread.start()
 
-    # -- public API -----------------------------------------------------------------------------
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
     def submit(self, task: Task, completion: str) -> Future:
         if self._closed:
             raise RuntimeError("verifier pool is closed")
@@ -123,18 +125,40 @@ class VerifierPool:
         job = _Job(next(self._ids), task.domain, task, completion, future, domain.config.verify_timeout_s)
         with self._lock:
             self._queue.append(job)
-        self._wakeup_w.send(b"")
+        self._wake()
         return future
 
     def verify_many(self, items: list[tuple[Task, str]]) -> list[Verdict]:
         futures = [self.submit(task, completion) for task, completion in items]
         return [f.result() for f in futures]
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class VerifierPool(QueuedPool):
+    """Verify completions in parallel worker processes; ``submit`` returns a Future[Verdict]."""
+
+    def __init__(self, domains: dict[str, Domain], workers: int | None = None) -> None:
+        self._init_queue(domains)
+        self._ctx = mp.get_context("spawn")  # never fork a process that holds torch threads
+        n = max(1, workers or os.cpu_count() or 1)
+        self._workers = [_Worker(self._ctx, domains) for _ in range(n)]
+        self._wakeup_r, self._wakeup_w = self._ctx.Pipe(duplex=False)
+        self._thread = threading.Thread(target=self._dispatch_loop, name="verifier-pool", daemon=True)
+        self._thread.start()
+
+    def _wake(self) -> None:
+        self._wakeup_w.send(b"")
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._wakeup_w.send(b"")
+        self._wake()
         self._thread.join(timeout=10)
         for worker in self._workers:
             try:
@@ -144,12 +168,6 @@ class VerifierPool:
             worker.process.join(timeout=2)
             if worker.process.is_alive():
                 worker.kill()
-
-    def __enter__(self) -> "VerifierPool":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- dispatcher thread ----------------------------------------------------------------------
     def _dispatch_loop(self) -> None:

@@ -28,7 +28,6 @@ Where it departs from the local pool:
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import os
@@ -38,8 +37,6 @@ import sys
 import threading
 import time
 import warnings
-from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +46,7 @@ from ray.exceptions import RayActorError
 
 from domains.api import Domain, Status, Task, VerifyResult
 from domains.backend import VerifierBackendUnavailable
-from domains.pool import Verdict, _Job, verify_guarded
+from domains.pool import QueuedPool, Verdict, _Job, verify_guarded
 
 log = logging.getLogger(__name__)
 
@@ -153,14 +150,14 @@ def _check_reachable(address: str) -> None:
         raise VerifierBackendUnavailable(f"cannot connect to the Ray cluster at {address!r}: {reason}") from None
 
 
-class RayVerifierPool:
+class RayVerifierPool(QueuedPool):
     """Verify completions on Ray actors; ``submit`` returns a Future[Verdict]."""
 
     def __init__(
         self, domains: dict[str, Domain], workers: int = 1, *, address: str | None = None,
         num_cpus: int | None = None, cpus_per_worker: float = 1.0, start_timeout_s: float = 120.0,
     ) -> None:
-        self.domains = domains
+        self._init_queue(domains)
         n = max(1, workers)
         blob = ray.cloudpickle.dumps(domains)  # a domain that cannot travel fails here, in the driver
         self._cpus_per_worker = cpus_per_worker
@@ -173,55 +170,24 @@ class RayVerifierPool:
         except BaseException:
             _RaySession.leave()
             raise
-        self._queue: deque[_Job] = deque()
-        self._ids = itertools.count()
-        self._lock = threading.Lock()
         self._wakeup = threading.Event()
-        self._closed = False
         self._last_up = time.monotonic()  # last time some actor was ready: start-up counts from here
-        self.timeouts = 0
-        self.restarts = 0
-        self.start_failures = 0
-        self.broken: str | None = None
         self._thread = threading.Thread(target=self._dispatch_loop, name="ray-verifier-pool", daemon=True)
         self._thread.start()
 
-    # -- public API (the same as VerifierPool's) -----------------------------------------------------
-    def submit(self, task: Task, completion: str) -> Future:
-        if self._closed:
-            raise RuntimeError("verifier pool is closed")
-        domain = self.domains.get(task.domain)
-        future: Future = Future()
-        if domain is None or self.broken:
-            message = self.broken or f"unknown domain {task.domain!r}"
-            future.set_result(Verdict(VerifyResult.failure(Status.ERROR, message), 0.0))
-            return future
-        job = _Job(next(self._ids), task.domain, task, completion, future, domain.config.verify_timeout_s)
-        with self._lock:
-            self._queue.append(job)
+    def _wake(self) -> None:
         self._wakeup.set()
-        return future
-
-    def verify_many(self, items: list[tuple[Task, str]]) -> list[Verdict]:
-        futures = [self.submit(task, completion) for task, completion in items]
-        return [f.result() for f in futures]
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._wakeup.set()
+        self._wake()
         self._thread.join(timeout=10)
         self._fail_pending("verifier pool closed")  # again, in case the dispatcher did not get there
         for actor in self._actors:
             self._kill(actor)
         _RaySession.leave()
-
-    def __enter__(self) -> "RayVerifierPool":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- dispatcher thread: the only thread that talks to the actors ------------------------------
     def _dispatch_loop(self) -> None:
