@@ -1,13 +1,16 @@
 """Scheduler overhead per training step: plan + record (with the SQLite write), 512 outcomes a step.
 
-    python bench/scheduler.py [--steps 20] [--sizes 10,100,1000,10000]
+    python bench/scheduler.py [--steps 20] [--sizes 10,100,1000,10000] [--reasoning-gym]
 
 For every policy and 10 … 10,000 domains (3 levels each), it times ``plan(step)`` followed by
 ``record(step, outcomes)`` — signals, controller, policy update and the one-transaction store
 write — on 64 prompts × 8 completions. Outcomes are built before the clock starts. It prints the
 median CPU and wall milliseconds per step, the same without a store, the time left on the trainer's
 thread with ``write_behind=True`` at 1,000 domains, and last, the worst per-step time at 1,000
-domains (target: <= 5 ms).
+domains (target: <= 5 ms). With ``--reasoning-gym`` (needs the extra) it also times every policy on
+the reasoning-gym domain set — the names and curriculum levels of the ``rg_*`` domains, as a run
+with ``domains=rg_*`` sees them — with the write in record, without a store, and with write_behind
+(the trainer's setting).
 """
 from __future__ import annotations
 
@@ -48,14 +51,26 @@ def outcomes_for(plan: Plan, rng: random.Random) -> list[Outcome]:
     return out
 
 
-def time_policy(kind: str, n_domains: int, steps: int, store: StatsStore | None,
+def synthetic(n_domains: int) -> dict[str, tuple[int, ...]]:
+    return {f"domain{i:05d}": (1, 2, 3) for i in range(n_domains)}
+
+
+def reasoning_gym_domains() -> dict[str, tuple[int, ...]]:
+    """Names and levels of every reasoning-gym domain, from the adapter itself."""
+    from domains.registry import load_all
+
+    return {name: tuple(d.levels) for name, d in load_all(["rg_*"]).items()}
+
+
+def time_policy(kind: str, domains: int | dict[str, tuple[int, ...]], steps: int, store: StatsStore | None,
                 write_behind: bool = False) -> list[tuple[float, float]]:
-    """(wall ms, CPU ms of this thread) per timed step.
+    """(wall ms, CPU ms of this thread) per timed step; ``domains`` is a count of synthetic
+    domains with 3 levels each, or a {name: levels} dict.
 
     CPU time is what the step costs; wall time also counts waiting for a core, which on a shared
     machine can be most of it. With write_behind the CPU time is the trainer's thread alone.
     """
-    domains = {f"domain{i:05d}": (1, 2, 3) for i in range(n_domains)}
+    domains = synthetic(domains) if isinstance(domains, int) else domains
     sched = Scheduler(domains, parse_policy({"type": kind}), parse_difficulty({"type": "threshold"}),
                       prompts_per_step=PROMPTS, seed=0, store=store, write_behind=write_behind)
     rng = random.Random(0)
@@ -85,7 +100,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--sizes", default="10,100,1000,10000")
+    parser.add_argument("--reasoning-gym", action="store_true",
+                        help="also time the reasoning-gym domain set (pip install 'palestra[reasoning_gym]')")
     args = parser.parse_args()
+    try:
+        rg = reasoning_gym_domains() if args.reasoning_gym else None  # fails before the timing if missing
+    except ValueError as exc:  # DomainError: the extra is not installed
+        parser.error(str(exc))
     sizes = [int(s) for s in args.sizes.split(",")]
     kinds = sorted(POLICIES)
     synced: dict[tuple[str, int], list] = {}
@@ -100,6 +121,9 @@ def main() -> None:
                 memory[(kind, n)] = time_policy(kind, n, steps, None)
                 if n == 1000:
                     behind[kind] = time_policy(kind, n, steps, store, write_behind=True)
+        rg_times = {kind: (time_policy(kind, rg, args.steps, store), time_policy(kind, rg, args.steps, None),
+                           time_policy(kind, rg, args.steps, store, write_behind=True))
+                    for kind in kinds} if rg else {}
         store.close()
     print(f"plan + record per step, {PROMPTS * GROUP} outcomes, SQLite write inside record: "
           "median CPU ms (wall ms)")
@@ -118,6 +142,12 @@ def main() -> None:
               f"({med(synced[(worst, 1000)], WALL):.2f} ms wall) with the write in record ({worst}); "
               f"{med(behind[worst_behind], CPU):.2f} ms CPU ({med(behind[worst_behind], WALL):.2f} ms wall) "
               f"with write_behind ({worst_behind}); target <= 5 ms")
+    if rg:
+        print(f"\nreasoning-gym domain set: {len(rg)} domains, {sum(map(len, rg.values()))} (domain, level) cells; "
+              "median CPU ms (wall ms) per step")
+        print(f"{'policy':<13}{'write in record':>18}{'no store':>18}{'write_behind':>18}")
+        for kind in kinds:
+            print(f"{kind:<13}" + "".join(f"{med(t, CPU):9.2f} ({med(t, WALL):6.2f})" for t in rg_times[kind]))
 
 
 def table(kinds: list[str], sizes: list[int], results: dict) -> None:

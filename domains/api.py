@@ -127,5 +127,24 @@ class Domain:
         return f"<Domain {self.name} levels={list(self.levels)}>"
 
 
+class DomainFamily:
+    """Many domains generated from one source (e.g. every dataset of a task library).
+
+    Registered once, under the entry-point group ``palestra.domain_families``; the entry point's
+    name is the family's prefix and its members are the domains ``<prefix>_<member>``. A family whose
+    source is not installed lists no members and says why in ``missing()``.
+    """
+
+    def members(self) -> list[str]:
+        return []
+
+    def domain(self, member: str) -> Domain:
+        raise NotImplementedError(f"{type(self).__name__} must implement domain()")
+
+    def missing(self) -> str | None:
+        """Why ``members()`` is empty (e.g. an optional dependency is not installed), or None."""
+        return None
+
+
 def user_prompt(text: str) -> Messages:
     return [{"role": "user", "content": text}]
