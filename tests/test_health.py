@@ -28,3 +28,16 @@ def test_reward_up_while_heldout_down_is_flagged():
     for _ in range(10):
         monitor.after_step({"loss": 0.0, "reward/mean": 0.95})
     assert monitor.after_eval(0.6) == []
+
+
+def test_console_tables_fit_long_domain_names():
+    from trainer.evaluate import format_eval
+    from trainer.metrics import domain_table
+
+    long = "rg_palindrome_generation"
+    table = domain_table({"step": 3, f"domain/{long}/reward": 0.5, "domain/x/tool_calls": 1.0})
+    header, row = table.splitlines()[1], table.splitlines()[2]
+    assert header.split() == ["domain", "weight", "level", "prompts", "reward", "zero_var", "errors", "tool_calls"]
+    assert row.split()[0] == long and row.split()[4] == "0.500"
+    text = format_eval({f"eval/{long}": 0.25, "eval/macro": 0.25}, "held-out")
+    assert text.splitlines()[1].split() == [long, "0.250"]

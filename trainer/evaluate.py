@@ -57,6 +57,7 @@ def summarise(hits: dict[tuple[str, int], list[float]]) -> dict[str, float]:
 
 def format_eval(metrics: dict[str, float], title: str) -> str:
     names = sorted(k.split("/")[1] for k in metrics if k.count("/") == 1 and k != "eval/macro")
-    lines = [title] + [f"  {n:<22}{metrics[f'eval/{n}']:.3f}" for n in names]
-    lines.append(f"  {'macro':<22}{metrics['eval/macro']:.3f}")
+    width = max([len("macro"), *map(len, names)]) + 2
+    lines = [title] + [f"  {n:<{width}}{metrics[f'eval/{n}']:.3f}" for n in names]
+    lines.append(f"  {'macro':<{width}}{metrics['eval/macro']:.3f}")
     return "\n".join(lines)

@@ -49,11 +49,12 @@ def domain_table(metrics: dict[str, Any]) -> str:
             _, name, metric = key.split("/", 2)
             rows.setdefault(name, {})[metric] = value
     columns = ["weight", "level", "prompts", "reward", "zero_var", "errors", "tool_calls"]
-    header = f"{'domain':<22}" + "".join(f"{c:>10}" for c in columns)
+    width = max([len("domain"), *map(len, rows)]) + 2  # reasoning-gym names run long
+    header = f"{'domain':<{width}}" + "".join(f" {c:>10}" for c in columns)
     lines = [f"step {metrics.get('step', '?')}", header]
     for name in sorted(rows):
-        cells = "".join(f"{_fmt(rows[name].get(c)):>10}" for c in columns)
-        lines.append(f"{name:<22}{cells}")
+        cells = "".join(f" {_fmt(rows[name].get(c)):>10}" for c in columns)
+        lines.append(f"{name:<{width}}{cells}")
     return "\n".join(lines)
 
 
