@@ -125,12 +125,6 @@ class PalestraConfig(Strict):
     # names, ``module:OBJECT`` paths or patterns (``rg_*``: every reasoning-gym domain)
     domains: list[str] = Field(default_factory=lambda: ["arithmetic", "linear_equations", "fractions"], min_length=1)
     domain_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # keyed by name or pattern
-
-    @field_validator("domains", mode="before")
-    @classmethod
-    def _one_domain(cls, value: Any) -> Any:
-        # `domains=rg_*` on the command line is a string, not a list of one
-        return [value] if isinstance(value, str) else value
     policy: PolicyConfig
     difficulty: DifficultyConfig
     store: StoreConfig = StoreConfig()
@@ -141,6 +135,12 @@ class PalestraConfig(Strict):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     health: HealthConfig = HealthConfig()
+
+    @field_validator("domains", mode="before")
+    @classmethod
+    def _one_domain(cls, value: Any) -> Any:
+        # `domains=rg_*` on the command line is a string, not a list of one
+        return [value] if isinstance(value, str) else value
 
 
 class ConfigError(ValueError):
