@@ -93,8 +93,8 @@ class _Worker:
 class QueuedPool:
     """What every verifier pool shares: calls wait in a queue that the pool's dispatcher thread hands
     to its workers, and the public API — ``submit`` returns a Future[Verdict], ``verify_many``,
-    ``close``, use as a context manager. Subclasses start their workers and dispatcher, wake the
-    dispatcher in ``_wake`` and stop everything in ``close``."""
+    ``close``, use as a context manager. Subclasses start their workers and a dispatcher thread
+    (``self._thread``), wake it in ``_wake`` and stop their workers in ``_stop_workers``."""
 
     def _init_queue(self, domains: dict[str, Domain]) -> None:
         self.domains = domains
@@ -110,8 +110,16 @@ class QueuedPool:
     def _wake(self) -> None:
         raise NotImplementedError
 
-    def close(self) -> None:
+    def _stop_workers(self) -> None:
         raise NotImplementedError
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._wake()
+        self._thread.join(timeout=10)
+        self._stop_workers()
 
     def submit(self, task: Task, completion: str) -> Future:
         if self._closed:
@@ -154,12 +162,7 @@ class VerifierPool(QueuedPool):
     def _wake(self) -> None:
         self._wakeup_w.send(b"")
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._wake()
-        self._thread.join(timeout=10)
+    def _stop_workers(self) -> None:
         for worker in self._workers:
             try:
                 worker.conn.send(None)

@@ -178,12 +178,7 @@ class RayVerifierPool(QueuedPool):
     def _wake(self) -> None:
         self._wakeup.set()
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._wake()
-        self._thread.join(timeout=10)
+    def _stop_workers(self) -> None:
         self._fail_pending("verifier pool closed")  # again, in case the dispatcher did not get there
         for actor in self._actors:
             self._kill(actor)
