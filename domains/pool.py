@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import warnings
+from abc import ABC, abstractmethod
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ class _Worker:
         self.conn.close()
 
 
-class QueuedPool:
+class QueuedPool(ABC):
     """What every verifier pool shares: calls wait in a queue that the pool's dispatcher thread hands
     to its workers, and the public API — ``submit`` returns a Future[Verdict], ``verify_many``,
     ``close``, use as a context manager. Subclasses start their workers and a dispatcher thread
@@ -107,11 +108,13 @@ class QueuedPool:
         self.start_failures = 0
         self.broken: str | None = None
 
+    @abstractmethod
     def _wake(self) -> None:
-        raise NotImplementedError
+        """Tell the dispatcher thread that a call is queued or the pool is closing."""
 
+    @abstractmethod
     def _stop_workers(self) -> None:
-        raise NotImplementedError
+        """Stop the workers once the dispatcher has exited."""
 
     def close(self) -> None:
         if self._closed:

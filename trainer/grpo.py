@@ -85,7 +85,7 @@ class GRPORecipe:
         self.pool = make_pool(self.domains, cfg.verifier)
         self.engine = (VLLMEngine(path, gpu_memory_utilization=cfg.trainer.vllm_gpu_memory_utilization, seed=cfg.seed)
                        if cfg.trainer.rollout_backend == "vllm" else None)
-        self._weights_version, self._engine_version = 0, 0  # the engine holds the policy it loaded
+        self._engine_stale = False  # the engine holds the weights it loaded until the policy changes
         if self.world.is_main:  # rank 0 alone records: one store connection, one run row
             self.store = StatsStore(cfg.store.url or f"sqlite:///{(self.output_dir / 'palestra.db').resolve()}")
         self.heldout = heldout_tasks(self.domains, cfg.eval.tasks_per_level, cfg.eval.seed)
@@ -111,7 +111,7 @@ class GRPORecipe:
 
     def _resume(self, path: Path) -> None:
         state = checkpoint.load(path, self.model, self.optimizer, self.lr_schedule)
-        self._weights_version += 1
+        self._engine_stale = True
         self.start_step = state["step"]
         self.run_id = state["run_id"]
         if not self.world.is_main:  # a replica needs the model, optimizer and schedule; rank 0 the rest
@@ -140,7 +140,7 @@ class GRPORecipe:
                        log=lambda s, m: self.logger.log(s, m, phase="sft"))
             # every rank ran the same warm start; rank 0's weights win should a kernel differ
             self.world.broadcast_parameters(self.model)
-            self._weights_version += 1
+            self._engine_stale = True
             if self.ref_model is not None:  # the KL anchor is the policy RL starts from, after SFT
                 self.ref_model.load_state_dict(self.model.state_dict())
                 if self.world.is_main:
@@ -351,13 +351,13 @@ class GRPORecipe:
         """The trainer's own sampler, or the vLLM engine once it holds the current weights."""
         if self.engine is None:
             return generate
-        if self._engine_version != self._weights_version:
+        if self._engine_stale:
             self.engine.push_weights(self.model)
-            self._engine_version = self._weights_version
+            self._engine_stale = False
         return self.engine
 
     def _optimizer_step(self) -> float:
-        self._weights_version += 1
+        self._engine_stale = True
         self.world.sum_gradients(self.model)  # each rank's share of the step's gradient -> the whole
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip))
         if not math.isfinite(grad_norm):
