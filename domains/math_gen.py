@@ -7,9 +7,11 @@ character-level transformer trained for minutes on a CPU): prompts are bare expr
 operations, negative numbers or terms. Every random draw goes through the ``rng`` passed to
 ``sample``, so a seed fixes the tasks exactly.
 
-Held-out sets come from ``Domain.heldout``: a seed stream disjoint from training. At low levels the
-problem space is small (level 1 of arithmetic has 100 problems), so held-out problems there also
-occur in training; they measure recall, not generalisation.
+Held-out sets come from ``Domain.heldout``, and the trainer never draws a held-out task for SFT or
+GRPO (``trainer/tasks.py``). At low levels the problem space is small (level 1 of arithmetic has 100
+problems), so held-out success there measures whether the model generalises to sums it has never
+seen, not recall: a tiny model can score near 1.0 on training problems of a level and 0.5 on its
+held-out ones.
 """
 from __future__ import annotations
 
