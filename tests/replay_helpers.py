@@ -2,7 +2,6 @@
 
 Its own module so spawned verifier workers can import it (the test puts this folder on sys.path)."""
 import os
-import random
 
 from domains.api import Domain, Status, Task, VerifyResult, user_prompt
 

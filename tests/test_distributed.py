@@ -25,7 +25,8 @@ from curriculum.store import StatsStore
 from trainer.app import CONF_DIR, run, to_config
 from trainer.config import validate_config
 from trainer.distributed import World
-from trainer.grpo import GRPORecipe, _chunks
+from trainer.batch import generation_chunks
+from trainer.grpo import GRPORecipe
 from trainer.losses import group_advantages
 
 HERE = Path(__file__).parent
@@ -47,7 +48,7 @@ def test_generation_chunks_know_where_they_sit_in_the_step():
     from domains.api import Task
 
     tasks = [Task("a", 1, "p1", {}), Task("a", 1, "p2", {}), Task("a", 2, "p3", {}), Task("b", 1, "p4", {})]
-    chunks = _chunks(tasks, size=2)
+    chunks = generation_chunks(tasks, size=2)
     assert [(first, [t.prompt for t in chunk]) for first, chunk in chunks] == [(0, ["p1", "p2"]), (2, ["p3"]), (3, ["p4"])]
 
 

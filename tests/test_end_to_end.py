@@ -107,6 +107,8 @@ def test_main_entry_runs_and_reports_heldout(tmp_path, plugin_package):
     summary = run(tiny_config(tmp_path, trainer={"steps": 2, "beta": 0.04}))
     assert set(summary["before"]) >= {"eval/digit_variety", "eval/arithmetic", "eval/macro"}
     assert 0.0 <= summary["after"]["eval/macro"] <= 1.0
+    low, high = summary["macro_gain_ci95"]  # paired bootstrap over the same held-out tasks
+    assert low <= summary["macro_gain"] + 1e-9 and summary["macro_gain"] - 1e-9 <= high
     assert (tmp_path / "run" / "checkpoints").exists()
     assert (tmp_path / "run" / "sft-model" / "config.json").exists()  # the KL anchor (beta > 0)
     assert any((tmp_path / "run" / "tensorboard").iterdir())

@@ -91,6 +91,10 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path):
     victim.wait()
     resumed = _train_cli(tmp_path / "killed", steps, resume="auto")
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read().decode()[-2000:]
+    # the evaluation before GRPO travelled in the checkpoint, so the gain still gets its interval
+    final = json.loads(resumed.stdout.read().decode().strip().splitlines()[-1])
+    low, high = final["macro_gain_ci95"]
+    assert low <= final["macro_gain"] <= high
 
     straight_plans, straight_rows = _plans(tmp_path / "straight" / "palestra.db")
     resumed_plans, resumed_rows = _plans(tmp_path / "killed" / "palestra.db")

@@ -3,7 +3,6 @@ engine itself needs a CUDA GPU and vLLM, and is checked end to end by bench/gpu_
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 

@@ -69,8 +69,11 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     before, after = summary["before"].get("eval/macro", 0.0), summary["after"].get("eval/macro", 0.0)
-    print(json.dumps({"run_id": summary["run_id"], "macro_before": round(before, 4), "macro_after": round(after, 4),
-                      "macro_gain": round(after - before, 4)}))
+    line = {"run_id": summary["run_id"], "macro_before": round(before, 4), "macro_after": round(after, 4),
+            "macro_gain": round(after - before, 4)}
+    if "macro_gain_ci95" in summary:
+        line["macro_gain_ci95"] = [round(bound, 4) for bound in summary["macro_gain_ci95"]]
+    print(json.dumps(line))
 
 
 def _launched_ranks() -> int:

@@ -1,12 +1,17 @@
-"""The rollouts of one step: P tasks x G completions, their verdicts and rewards."""
+"""The rollouts of one step: P tasks x G completions, their verdicts and rewards; how a step's tasks
+are cut into generation chunks, and which groups dynamic sampling keeps."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
 from domains.api import Task
 from domains.pool import Verdict
+from trainer.episodes import by_domain
 from trainer.rollout import Rollout
 
 
@@ -83,3 +88,38 @@ def _repad(r: Rollout, width: int, length: int, pad_id: int) -> Rollout:
         sequences=pad(r.sequences, pad_id), attention_mask=attention, completion_mask=completion_mask,
         prompt_width=width, truncated=r.truncated, completion_ids=r.completion_ids,
     )
+
+
+def generation_chunks(tasks: list[Task], size: int) -> list[tuple[int, list[Task]]]:
+    """(position of the first task, tasks) for generation batches of at most ``size`` tasks of one
+    domain; ``tasks`` come in domain runs, so each run starts where the previous one ended."""
+    chunks, start = [], 0
+    for kind in by_domain(tasks):
+        chunks += [(start + first, kind[first:first + size]) for first in range(0, len(kind), size)]
+        start += len(kind)
+    return chunks
+
+
+def chunk_seed(seed: int, step: int, round_: int, position: int) -> int:
+    """A 63-bit seed for one generation batch, well mixed, from the run seed and where the batch sits."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{round_}/{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def rollout_on_cpu(r: Rollout) -> Rollout:
+    """Rollouts are small; on the CPU they can be pickled to other ranks and joined with tool
+    episodes (assembled on the CPU) whatever device generated them."""
+    return dataclasses.replace(r, sequences=r.sequences.cpu(), attention_mask=r.attention_mask.cpu(),
+                               completion_mask=r.completion_mask.cpu(), truncated=r.truncated.cpu())
+
+
+def varied_groups(batch: StepBatch) -> list[int]:
+    return [p for p, flat in enumerate(batch.zero_variance().tolist()) if not flat]
+
+
+def shrink_counts(counts: Counter, total: int) -> dict[tuple[str, int], int]:
+    """Take ``total`` slots from ``counts`` in proportion, deterministically."""
+    slots = [slot for slot, n in sorted(counts.items()) for _ in range(n)]
+    step = max(1, len(slots) // total)
+    picked = Counter(slots[::step][:total])
+    return dict(picked)

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 import torch
 
 from domains.api import Domain, Task
 from domains.backend import Pool
 from trainer.episodes import by_domain, sample_rows
 from trainer.rollout import Sampler, generate
+
+
+Hits = dict[tuple[str, int], list[float]]  # (domain, level) -> one 0/1 success per held-out task
 
 
 def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list[Task]:
@@ -23,8 +27,9 @@ def evaluate(
     model: torch.nn.Module, tokenizer, tasks: list[Task], pool: Pool, *,
     max_new_tokens: int, max_episode_tokens: int = 256, temperature: float = 0.0, batch_size: int = 64, seed: int = 0,
     sampler: Sampler = generate,
-) -> dict[str, float]:
-    """Success rate per domain (``eval/<domain>``), per level and the macro average."""
+) -> Hits:
+    """Each task's 0/1 success, grouped by (domain, level) in the order of ``tasks``; ``summarise``
+    turns them into rates and ``paired_gain_interval`` compares two evaluations of the same tasks."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     futures, ordered = [], []
     model.eval()
@@ -37,13 +42,13 @@ def evaluate(
             futures += [pool.submit(task, text) for task, text in zip(chunk, texts)]
             ordered += chunk
     model.train()
-    hits: dict[tuple[str, int], list[float]] = defaultdict(list)
+    hits: Hits = defaultdict(list)
     for task, future in zip(ordered, futures):
         hits[(task.domain, task.level)].append(float(future.result().result.correct))
-    return summarise(hits)
+    return dict(hits)
 
 
-def summarise(hits: dict[tuple[str, int], list[float]]) -> dict[str, float]:
+def summarise(hits: Hits) -> dict[str, float]:
     metrics: dict[str, float] = {}
     per_domain: dict[str, list[float]] = defaultdict(list)
     for (name, level), values in sorted(hits.items()):
@@ -53,6 +58,26 @@ def summarise(hits: dict[tuple[str, int], list[float]]) -> dict[str, float]:
         metrics[f"eval/{name}"] = sum(values) / len(values)
     metrics["eval/macro"] = sum(metrics[f"eval/{n}"] for n in per_domain) / max(1, len(per_domain))
     return metrics
+
+
+def paired_gain_interval(before: Hits, after: Hits, *, level: float = 0.95, resamples: int = 2000,
+                         seed: int = 0) -> tuple[float, float]:
+    """A bootstrap confidence interval for the macro gain ``after - before`` on the same tasks.
+
+    Each resample draws tasks with replacement within every (domain, level) cell and scores the
+    same draw before and after. Pairing is what makes a small gain measurable: a task that both
+    evaluations solve (or both miss) adds no noise, where two independent samples would."""
+    rng = np.random.default_rng(seed)
+    gains_by_domain: dict[str, list[np.ndarray]] = defaultdict(list)
+    for cell in sorted(before):
+        diff = np.asarray(after[cell]) - np.asarray(before[cell])
+        draws = rng.integers(0, len(diff), size=(resamples, len(diff)))
+        gains_by_domain[cell[0]].append(diff[draws])  # [resamples, tasks in the cell]
+    # a domain's rate pools its cells (as in summarise); the macro averages the domains
+    per_domain = [np.concatenate(cells, axis=1).mean(axis=1) for cells in gains_by_domain.values()]
+    macro = np.mean(per_domain, axis=0)
+    tail = (1.0 - level) / 2
+    return float(np.quantile(macro, tail)), float(np.quantile(macro, 1.0 - tail))
 
 
 def format_eval(metrics: dict[str, float], title: str) -> str:

@@ -11,8 +11,6 @@ plans and records (``trainer/distributed.py`` explains the split).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
 import math
 import random
 import signal
@@ -28,21 +26,22 @@ import torch
 from curriculum.prompts import PromptSelector
 from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.store import StatsStore, StoreUnavailable
-from curriculum.types import Outcome, Plan
-from domains.api import Status, Task, stable_hash
+from curriculum.types import Plan
+from domains.api import Task
 from domains.backend import make_pool
 from domains.pool import VerifierPool
 from domains.registry import load_all
-from trainer import checkpoint, distributed
-from trainer.batch import StepBatch, concat
+from trainer import checkpoint, distributed, step_report
+from trainer.batch import (StepBatch, chunk_seed, concat, generation_chunks, rollout_on_cpu, shrink_counts,
+                           varied_groups)
 from trainer.config import PalestraConfig
-from trainer.evaluate import evaluate, format_eval, heldout_tasks
+from trainer.evaluate import Hits, evaluate, format_eval, heldout_tasks, paired_gain_interval, summarise
 from trainer.health import HealthMonitor
 from trainer.losses import grpo_loss, group_advantages
 from trainer.metrics import MetricsLogger
 from trainer.models import load_model, load_tokenizer, model_path, pick_device
 from trainer.episodes import by_domain, sample_rows
-from trainer.rollout import Rollout, Sampler, generate, sequence_logprobs
+from trainer.rollout import Sampler, generate, sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss, warm_start
 from trainer.tasks import TaskSource
 from trainer.vllm_engine import VLLMEngine
@@ -57,7 +56,8 @@ class GRPORecipe:
         self.logger: MetricsLogger | None = None
         self.store: StatsStore | None = None
         self.run_id: str | None = None
-        self.history: dict[str, dict[str, float]] = {}
+        self.history: dict[str, dict[str, float]] = {}  # "before"/"after" GRPO: held-out metrics
+        self.heldout_hits: dict[str, Hits] = {}  # the same two evaluations, task by task
         self.health = HealthMonitor(cfg.health)
         self.world = distributed.World()  # setup joins the process group under torchrun
 
@@ -129,6 +129,7 @@ class GRPORecipe:
         self.tasks.selector.load_state_dict(state["selector"])
         checkpoint.restore_rng(state["rng"])
         self.history = state.get("history", {})
+        self.heldout_hits = state.get("heldout_hits", {})
 
     # -- train ------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -145,7 +146,7 @@ class GRPORecipe:
                 self.ref_model.load_state_dict(self.model.state_dict())
                 if self.world.is_main:
                     self.model.save_pretrained(self.output_dir / "sft-model")  # the anchor again on resume
-            self.history["before"] = self._evaluate(0, "held-out success before GRPO")
+            self._evaluate(0, "held-out success before GRPO", keep="before")
         step = self.start_step
         self.logger.bar.reset(total=cfg.trainer.steps - self.start_step)  # the GRPO clock starts now
         try:
@@ -160,7 +161,7 @@ class GRPORecipe:
                         raise KeyboardInterrupt(f"stopped by signal after step {step}; resume with resume=auto")
                     if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                         self.save_checkpoint(step)
-            self.history["after"] = self._evaluate(cfg.trainer.steps, "held-out success after GRPO")
+            self._evaluate(cfg.trainer.steps, "held-out success after GRPO", keep="after")
             self.save_checkpoint(cfg.trainer.steps)
         except StepWriteFailed as exc:
             # raised once the step is fully applied (model and scheduler), so ``step`` is complete
@@ -169,19 +170,27 @@ class GRPORecipe:
 
     def summary(self) -> dict[str, Any]:
         before, after = self.history.get("before", {}), self.history.get("after", {})
-        return {"run_id": self.run_id, "before": before, "after": after,
-                "macro_gain": after.get("eval/macro", 0.0) - before.get("eval/macro", 0.0)}
+        summary = {"run_id": self.run_id, "before": before, "after": after,
+                   "macro_gain": after.get("eval/macro", 0.0) - before.get("eval/macro", 0.0)}
+        if "before" in self.heldout_hits and "after" in self.heldout_hits:
+            summary["macro_gain_ci95"] = paired_gain_interval(
+                self.heldout_hits["before"], self.heldout_hits["after"], seed=self.cfg.eval.seed)
+        return summary
 
-    def _evaluate(self, step: int, title: str) -> dict[str, float]:
+    def _evaluate(self, step: int, title: str, keep: str | None = None) -> dict[str, float]:
+        """Held-out success, logged and printed; ``keep`` files it under "before" or "after" GRPO."""
         if not self.world.is_main:  # rank 0 evaluates; the others wait for it at the next step
             return {}
         assert self.pool is not None and self.logger is not None
-        metrics = evaluate(
+        hits = evaluate(
             self.model, self.tokenizer, self.heldout, self.pool, max_new_tokens=self.cfg.trainer.max_new_tokens,
             max_episode_tokens=self.cfg.trainer.max_episode_tokens,
             temperature=self.cfg.eval.temperature, batch_size=self.cfg.trainer.rollout_batch_size, seed=self.cfg.eval.seed,
             sampler=self._sampler(),
         )
+        metrics = summarise(hits)
+        if keep:
+            self.history[keep], self.heldout_hits[keep] = metrics, hits
         self.logger.log(step, metrics, phase="eval")
         self.logger.write(format_eval(metrics, title))
         self._alarm(step, self.health.after_eval(metrics["eval/macro"]))
@@ -203,7 +212,7 @@ class GRPORecipe:
         start = time.perf_counter()
         update = self._update(batch, advantages.flatten())
         timer["train"] = time.perf_counter() - start
-        metrics = self._step_metrics(step, plan, batch, recorded, update, timer)
+        metrics = step_report.step_metrics(step, plan, batch, recorded, update, timer)
         if self.world.is_main:  # every rank holds the whole step; rank 0 records it
             self._record(step, batch, recorded, advantages, metrics)
         return metrics
@@ -211,7 +220,7 @@ class GRPORecipe:
     def _record(self, step: int, batch: StepBatch, recorded: list[StepBatch], advantages: torch.Tensor,
                 metrics: dict[str, Any]) -> None:
         start = time.perf_counter()
-        outcomes = self._outcomes(recorded, batch, advantages)
+        outcomes = step_report.outcomes(recorded, batch, advantages, self.domains)
         tasks = {task.id: task.to_json() for b in recorded for task in b.tasks}  # for replay
         # the selector counted while this step's tasks were drawn; its counts must be in the
         # metrics before the scheduler takes its copy for the store
@@ -231,16 +240,16 @@ class GRPORecipe:
         rollout budget and are recorded in the store)."""
         t = self.cfg.trainer
         generated = [self._collect(self._draw(plan.counts, plan.step), timer, (plan.step, 0))]
-        keep = [generated[0].select(_varied(generated[0]))] if t.dynamic_sampling else [generated[0]]
+        keep = [generated[0].select(varied_groups(generated[0]))] if t.dynamic_sampling else [generated[0]]
         for refill_round in range(1, 1 + (t.max_refill_rounds if t.dynamic_sampling else 0)):
             missing = t.prompts_per_step - sum(len(b.tasks) for b in keep)
             if missing <= 0:
                 break
             # refill in the plan's own proportions of (domain, level)
             planned = Counter((task.domain, task.level) for b in generated for task in b.tasks)
-            refill = self._collect(self._draw(_shrink(planned, missing), plan.step), timer, (plan.step, refill_round))
+            refill = self._collect(self._draw(shrink_counts(planned, missing), plan.step), timer, (plan.step, refill_round))
             generated.append(refill)
-            keep.append(refill.select(_varied(refill)[:missing]))
+            keep.append(refill.select(varied_groups(refill)[:missing]))
         keep = [b for b in keep if b.tasks] or [generated[0]]  # nothing varied: train on zeros (no-op)
         return concat(keep, self.tokenizer.pad_token_id), generated
 
@@ -263,16 +272,16 @@ class GRPORecipe:
         parts, futures = [], []
         start = time.perf_counter()
         self.model.eval()
-        for first, chunk in _chunks(tasks[lo:hi], per_chunk):
+        for first, chunk in generation_chunks(tasks[lo:hi], per_chunk):
             rows = [task for task in chunk for _ in range(t.group_size)]
-            noise = torch.Generator(device=self.device).manual_seed(_chunk_seed(self.cfg.seed, *seed_key, lo + first))
+            noise = torch.Generator(device=self.device).manual_seed(chunk_seed(self.cfg.seed, *seed_key, lo + first))
             with self._autocast():
                 rollout, texts = sample_rows(
                     self.model, self.tokenizer, rows, self.domains, max_new_tokens=t.max_new_tokens,
                     max_episode_tokens=t.max_episode_tokens, temperature=t.temperature, top_p=t.top_p,
                     generator=noise, sampler=self._sampler())
             futures.append([self.pool.submit(task, text) for task, text in zip(rows, texts)])
-            parts.append(StepBatch(chunk, t.group_size, _rollout_on_cpu(rollout), texts, []))
+            parts.append(StepBatch(chunk, t.group_size, rollout_on_cpu(rollout), texts, []))
         self.model.train()
         timer["generate"] += time.perf_counter() - start
         start = time.perf_counter()
@@ -384,56 +393,6 @@ class GRPORecipe:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    # -- records and metrics --------------------------------------------------------------------------
-    def _outcomes(self, recorded: list[StepBatch], trained: StepBatch, advantages: torch.Tensor) -> list[Outcome]:
-        trained_adv = {(task.id, g): float(advantages[p, g]) for p, task in enumerate(trained.tasks)
-                       for g in range(trained.group_size)}
-        outcomes, group = [], 0
-        for batch in recorded:
-            for p, task in enumerate(batch.tasks):
-                prompt_hash = stable_hash(task.prompt)
-                version = self.domains[task.domain].version
-                for g in range(batch.group_size):
-                    row = p * batch.group_size + g
-                    verdict, text = batch.verdicts[row], batch.texts[row]
-                    outcomes.append(Outcome(
-                        domain=task.domain, level=task.level, task_id=task.id, group=group,
-                        reward=verdict.result.reward, correct=verdict.result.correct,
-                        status=verdict.result.status.value, advantage=trained_adv.get((task.id, g), 0.0),
-                        prompt_hash=prompt_hash, completion_hash=stable_hash(text), latency_s=verdict.latency_s,
-                        completion=text, verifier_version=version,
-                    ))
-                group += 1
-        return outcomes
-
-    def _step_metrics(self, step, plan, batch, recorded, update, timer) -> dict[str, Any]:
-        r = batch.rollout
-        lengths = r.completion_mask.sum(dim=1).float()
-        rewards = batch.rewards
-        generated_tokens = sum(int(b.rollout.completion_mask.sum()) for b in recorded)
-        all_tasks = [t for b in recorded for t in b.tasks]
-        all_verdicts = [v for b in recorded for v in b.verdicts]
-        metrics: dict[str, Any] = {
-            "step": step,
-            "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
-            "zero_variance_share": float(torch.cat([b.zero_variance() for b in recorded]).float().mean()),
-            "completion_len/mean": float(lengths.mean()), "completion_len/max": float(lengths.max()),
-            "truncated_rate": float(r.truncated.float().mean()),
-            "rollouts": sum(len(b.verdicts) for b in recorded),
-            "tokens_per_s": generated_tokens / max(timer["generate"], 1e-9),
-            "time/generate": timer["generate"], "time/verify_wait": timer["verify_wait"], "time/train": timer["train"],
-            **update,
-        }
-        per_domain = _per_domain(all_tasks, all_verdicts, batch.group_size, recorded)
-        for i, name in enumerate(plan.domains):
-            row = per_domain.get(name, {})
-            metrics[f"domain/{name}/weight"] = float(plan.weights[i])
-            metrics[f"domain/{name}/level"] = int(plan.levels[i])
-            metrics[f"domain/{name}/prompts"] = sum(n for (d, _), n in plan.counts.items() if d == name)
-            for key, value in row.items():
-                metrics[f"domain/{name}/{key}"] = value
-        return metrics
-
     # -- checkpoints and cleanup --------------------------------------------------------------------
     def _checkpoint_unwritten(self, step: int, exc: Exception) -> None:
         """The store stayed unreachable: save a checkpoint that carries the unwritten steps, then stop."""
@@ -457,7 +416,7 @@ class GRPORecipe:
             state={"run_id": self.run_id, "scheduler": self.scheduler.state_dict(allow_unwritten=unwritten is not None),
                    "unwritten": unwritten or [], "tasks": self.tasks.state_dict(),
                    "selector": self.tasks.selector.state_dict(),
-                   "rng": checkpoint.capture_rng(), "history": self.history},
+                   "rng": checkpoint.capture_rng(), "history": self.history, "heldout_hits": self.heldout_hits},
         )
 
     def cleanup(self, status: str = "finished") -> None:
@@ -489,70 +448,6 @@ def _padding_bounds(attn: torch.Tensor, mask: torch.Tensor | None, prompt_width:
     counted = mask.any(dim=0).nonzero()
     right = int(counted[-1]) + 1 if len(counted) else 1
     return left, right
-
-
-def _chunks(tasks: list[Task], size: int) -> list[tuple[int, list[Task]]]:
-    """(position of the first task, tasks) for generation batches of at most ``size`` tasks of one
-    domain; ``tasks`` come in domain runs, so each run starts where the previous one ended."""
-    chunks, start = [], 0
-    for kind in by_domain(tasks):
-        chunks += [(start + first, kind[first:first + size]) for first in range(0, len(kind), size)]
-        start += len(kind)
-    return chunks
-
-
-def _chunk_seed(seed: int, step: int, round_: int, position: int) -> int:
-    """A 63-bit seed for one generation batch, well mixed, from the run seed and where the batch sits."""
-    digest = hashlib.blake2b(f"{seed}/{step}/{round_}/{position}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def _rollout_on_cpu(r: Rollout) -> Rollout:
-    """Rollouts are small; on the CPU they can be pickled to other ranks and joined with tool
-    episodes (assembled on the CPU) whatever device generated them."""
-    return dataclasses.replace(r, sequences=r.sequences.cpu(), attention_mask=r.attention_mask.cpu(),
-                               completion_mask=r.completion_mask.cpu(), truncated=r.truncated.cpu())
-
-
-def _varied(batch: StepBatch) -> list[int]:
-    return [p for p, flat in enumerate(batch.zero_variance().tolist()) if not flat]
-
-
-def _shrink(counts: Counter, total: int) -> dict[tuple[str, int], int]:
-    """Take ``total`` slots from ``counts`` in proportion, deterministically."""
-    slots = [slot for slot, n in sorted(counts.items()) for _ in range(n)]
-    step = max(1, len(slots) // total)
-    picked = Counter(slots[::step][:total])
-    return dict(picked)
-
-
-def _per_domain(tasks, verdicts, group_size, recorded) -> dict[str, dict[str, float]]:
-    """Reward, zero-variance share, error counts, success by level and (tool domains) call stats."""
-    rows: dict[str, list] = defaultdict(list)
-    for i, verdict in enumerate(verdicts):
-        rows[tasks[i // group_size].domain].append((tasks[i // group_size].level, verdict.result))
-    zero_var: dict[str, list[bool]] = defaultdict(list)
-    for b in recorded:
-        for task, flat in zip(b.tasks, b.zero_variance().tolist()):
-            zero_var[task.domain].append(flat)
-    out = {}
-    for name, results in rows.items():
-        statuses = Counter(r.status for _, r in results)
-        stats = {
-            "reward": float(np.mean([r.reward for _, r in results])), "zero_var": float(np.mean(zero_var[name])),
-            "errors": statuses[Status.ERROR] + statuses[Status.TIMEOUT] + statuses[Status.SANDBOX_VIOLATION],
-            "format_errors": statuses[Status.FORMAT_ERROR],
-        }
-        for level in sorted({lv for lv, _ in results}):
-            stats[f"level{level}/success"] = float(np.mean([r.correct for lv, r in results if lv == level]))
-        episodes = [r.details for _, r in results if "turns" in r.details]
-        if episodes:  # tool domains: their verifier reports what it replayed
-            calls = sum(d.get("calls", 0) for d in episodes)
-            stats["tool_calls"] = calls / len(episodes)
-            stats["turns"] = float(np.mean([d["turns"] for d in episodes]))
-            stats["invalid_call_rate"] = sum(d.get("invalid_calls", 0) for d in episodes) / max(1, calls)
-        out[name] = stats
-    return out
 
 
 class _StopOnSignal:
