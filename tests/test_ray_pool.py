@@ -272,3 +272,30 @@ def test_grpo_steps_verify_on_ray(tmp_path, pool):
     # the verifiers really ran: an untrained model earns verdicts, not pool failures
     assert not {r["status"] for r in rows} & {Status.ERROR.value, Status.TIMEOUT.value}
     assert ray.is_initialized()  # the run joined this module's Ray and left it running
+
+
+# -- TRL's reward function verifying on Ray ---------------------------------------------------------
+def test_the_trl_curriculum_verifies_on_ray(tmp_path, pool):
+    from curriculum.config import FixedDifficultyConfig, UniformConfig
+    from curriculum.integrations.trl import BatchShape, TRLCurriculum
+
+    arithmetic = load("arithmetic")
+    store = StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}")
+    verifier = VerifierConfig(backend="ray", workers=1, ray_cpus_per_worker=SHARED_CPUS_PER_WORKER)
+    with TRLCurriculum({"arithmetic": arithmetic}, BatchShape(2, 2, 4), UniformConfig(), FixedDifficultyConfig(),
+                       store, verifier=verifier, owns_store=True) as curriculum:
+        assert isinstance(curriculum.pool, RayVerifierPool)
+        rows = curriculum.rows()
+        step = [next(rows) for _ in range(2)]
+        sums = [row["prompt"][-1]["content"].rstrip("=").split("+") for row in step]  # level 1: "a+b="
+        right = [f"\\boxed{{{int(a) + int(b)}}}" for a, b in sums]
+        completions = [[{"role": "assistant", "content": text}] for text in (right[0], "\\boxed{x}", right[1], "no")]
+        repeated = [row for row in step for _ in range(2)]
+        rewards = curriculum.palestra_reward(
+            [row["prompt"] for row in repeated], completions,
+            palestra_step=[row["palestra_step"] for row in repeated],
+            palestra_group=[row["palestra_group"] for row in repeated])
+        assert rewards == [1.0, 0.0, 1.0, 0.0]  # each completion scored by the arithmetic verifier, on Ray
+        assert curriculum.recorded_steps == [1]
+    assert ray.is_initialized()  # it joined this module's Ray and left it running
+

@@ -145,7 +145,21 @@ def test_build_names_a_bad_policy_or_domain_before_starting_anything(tmp_path):
         TRLCurriculum.build(["arithmetic", "tool_calculator"], args)
     with pytest.raises(ValueError, match="advantage_std must be one of group, batch, none"):
         TRLCurriculum.build(["arithmetic"], args, advantage_std="grup")
+    with pytest.raises(ValueError, match=r"^verifier.workers: Input should be greater than or equal to 1"):
+        TRLCurriculum.build(["arithmetic"], args, verifier={"workers": 0})
+    with pytest.raises(ValueError, match=r"^verifier.backend: Input should be 'local' or 'ray'"):
+        TRLCurriculum.build(["arithmetic"], args, verifier={"backend": "celery"})
     assert not (tmp_path / "palestra.db").exists()
+
+
+def test_verifier_workers_and_a_verifier_section_are_not_both_taken(tmp_path):
+    from domains.backend import VerifierConfig
+
+    store = StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}")
+    with pytest.raises(ValueError, match="give verifier_workers or verifier"):
+        TRLCurriculum({"by_length": BY_LENGTH}, BatchShape(3, 2, 4), UniformConfig(), FixedDifficultyConfig(), store,
+                      verifier_workers=1, verifier=VerifierConfig(workers=1), owns_store=True)
+    store.close()
 
 
 def test_trl_grpo_trainer_trains_on_the_curriculum(tmp_path, capsys):

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from transformers import TrainerCallback
 
 from curriculum.config import CurriculumConfig, DifficultyConfig, PolicyConfig, describe_error
@@ -57,6 +57,7 @@ from curriculum.scheduler import Scheduler
 from curriculum.store import StatsStore
 from curriculum.types import Outcome, Plan
 from domains.api import Domain, Status, Task, stable_hash
+from domains.backend import VerifierConfig, make_pool
 from domains.pool import Verdict, VerifierPool
 from domains.registry import load_all
 from trainer.losses import group_advantages
@@ -147,8 +148,11 @@ class TRLCurriculum:
     def __init__(self, domains: dict[str, Domain], shape: BatchShape, policy: PolicyConfig,
                  difficulty: DifficultyConfig, store: StatsStore, *, seed: int = 0, run_name: str = "trl",
                  run_config: dict | None = None, verifier_workers: int | None = None,
-                 advantage_std: str = "group", owns_store: bool = False) -> None:
+                 verifier: VerifierConfig | None = None, advantage_std: str = "group",
+                 owns_store: bool = False) -> None:
         _check_settings(domains, advantage_std)
+        if verifier is not None and verifier_workers is not None:
+            raise ValueError("give verifier_workers or verifier (which has its own workers), not both")
         self.domains, self.shape, self.advantage_std = domains, shape, advantage_std
         self.store, self._owns_store = store, owns_store
         config = {"integration": "trl", "domains": sorted(domains), "policy": policy.model_dump(),
@@ -158,7 +162,8 @@ class TRLCurriculum:
         self.scheduler = Scheduler({name: tuple(d.levels) for name, d in domains.items()}, policy, difficulty,
                                    shape.prompts_per_step, seed=seed, store=store, run_id=self.run_id)
         self.tasks = TaskSource(domains, heldout_ids=set(), seed=seed)
-        self.pool = VerifierPool(domains, workers=verifier_workers)
+        # local worker processes unless ``verifier`` asks for another backend (Ray actors)
+        self.pool = make_pool(domains, verifier) if verifier is not None else VerifierPool(domains, workers=verifier_workers)
         self._open: dict[int, _OpenStep] = {}
         self._next_step = 1
         self._lock = threading.Lock()  # rows() and palestra_reward() may be driven from different threads
@@ -176,12 +181,15 @@ class TRLCurriculum:
     def build(cls, domains: Sequence[str], args: Any, *, policy: PolicyConfig | dict | None = None,
               difficulty: DifficultyConfig | dict | None = None, store_url: str | None = None,
               seed: int | None = None, domain_options: dict[str, dict] | None = None, run_name: str = "trl",
-              verifier_workers: int | None = None, advantage_std: str = "group") -> "TRLCurriculum":
+              verifier_workers: int | None = None, verifier: VerifierConfig | dict | None = None,
+              advantage_std: str = "group") -> "TRLCurriculum":
         """A curriculum for the ``GRPOConfig`` ``args``: domains by name (or ``module:OBJECT``),
         policy and difficulty as configs or their dicts (default: learnability, threshold), the store
-        at ``store_url`` (default: SQLite at ``<args.output_dir>/palestra.db``), seed from ``args``."""
+        at ``store_url`` (default: SQLite at ``<args.output_dir>/palestra.db``), seed from ``args``;
+        ``verifier`` is the trainer's ``verifier`` section (e.g. ``{"backend": "ray", "workers": 8}``)."""
         shape = trl_batch_shape(args)  # cheap checks first: nothing is started if a setting is wrong
         curriculum = _curriculum_config(policy, difficulty)
+        verifier = _verifier_config(verifier)
         loaded = load_all(list(domains), domain_options)
         _check_settings(loaded, advantage_std)
         seed = int(args.seed if seed is None else seed)
@@ -189,7 +197,7 @@ class TRLCurriculum:
         try:
             return cls(loaded, shape, curriculum.policy, curriculum.difficulty, store, seed=seed, run_name=run_name,
                        run_config={"trl": _trl_settings(args)}, verifier_workers=verifier_workers,
-                       advantage_std=advantage_std, owns_store=True)
+                       verifier=verifier, advantage_std=advantage_std, owns_store=True)
         except BaseException:
             store.close()
             raise
@@ -370,6 +378,19 @@ def _curriculum_config(policy: PolicyConfig | dict | None,
     given = {key: value for key, value in (("policy", policy), ("difficulty", difficulty)) if value is not None}
     try:
         return CurriculumConfig.model_validate(given)
+    except ValidationError as exc:
+        raise ValueError(describe_error(exc)) from None
+
+
+class _VerifierSection(BaseModel):
+    verifier: VerifierConfig  # nested, so an error names its key as the Hydra apps do: verifier.workers
+
+
+def _verifier_config(verifier: VerifierConfig | dict | None) -> VerifierConfig | None:
+    if verifier is None or isinstance(verifier, VerifierConfig):
+        return verifier
+    try:
+        return _VerifierSection.model_validate({"verifier": verifier}).verifier
     except ValidationError as exc:
         raise ValueError(describe_error(exc)) from None
 
