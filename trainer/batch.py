@@ -114,6 +114,7 @@ def rollout_on_cpu(r: Rollout) -> Rollout:
 
 
 def varied_groups(batch: StepBatch) -> list[int]:
+    """The groups whose completions did not all earn the same reward: what dynamic sampling keeps."""
     return [p for p, flat in enumerate(batch.zero_variance().tolist()) if not flat]
 
 
