@@ -114,6 +114,11 @@ class Domain:
     def reference(self, task: Task) -> str | None:
         return None
 
+    def warm_up(self) -> None:
+        """Load what ``verify`` needs (heavy imports, parsers) ahead of the first call. A verifier
+        worker calls this before it reports ready, so the first call's deadline is not spent on
+        start-up; a failure here is ignored and left for ``verify`` to report."""
+
     def task_from_json(self, data: dict[str, Any]) -> Task:
         """A task given by hand (``palestra verify``): a Task's JSON. Dataset domains override this
         to also accept the rows of their own file format."""

@@ -314,3 +314,8 @@ class MathAnswerDomain(Domain):
 
     def reference(self, task: Task) -> str | None:
         return _boxed(str(task.payload["answer"]))
+
+    def warm_up(self) -> None:
+        # importing math-verify pulls in sympy and its LaTeX grammar: seconds on a busy machine,
+        # which a first verification would otherwise pay out of its deadline
+        _parse(r"\boxed{1}", _alarm_seconds(self.config.sympy_timeout_s), boxed_only=True)

@@ -35,11 +35,21 @@ def verify_guarded(domain: Domain, task: Task, completion: str) -> VerifyResult:
     return result
 
 
+def warm_up(domains: dict[str, Domain]) -> None:
+    """Each domain's ``warm_up``, in a verifier worker before it reports ready."""
+    for domain in domains.values():
+        try:
+            domain.warm_up()
+        except Exception:  # the domain's verify() will say what is wrong, per call
+            pass
+
+
 def _worker_main(conn: Connection, domains: dict[str, Domain]) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # compiling model-written code emits SyntaxWarnings by the hundred; the verdict says enough
     warnings.simplefilter("ignore", SyntaxWarning)
-    conn.send("ready")  # the domains are unpickled (their modules imported): deadlines may start
+    warm_up(domains)
+    conn.send("ready")  # the domains are loaded and warmed up: deadlines may start
     while True:
         try:
             job = conn.recv()

@@ -46,7 +46,7 @@ from ray.exceptions import RayActorError
 
 from domains.api import Domain, Status, Task, VerifyResult
 from domains.backend import VerifierBackendUnavailable
-from domains.pool import QueuedPool, Verdict, _Job, verify_guarded
+from domains.pool import QueuedPool, Verdict, _Job, verify_guarded, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class VerifierWorker:
         # Bytes, not objects, so that these paths are in place before the domains' modules import.
         sys.path.extend(p for p in driver_path if p not in sys.path)
         self.domains: dict[str, Domain] = pickle.loads(domains_blob)
+        warm_up(self.domains)  # ready() answers after this, and deadlines start then
 
     def ready(self) -> int:
         return os.getpid()

@@ -355,6 +355,12 @@ class ReasoningGymDomain(Domain):
         return None if answer is None else f"<answer>{answer}</answer>"
 
     # -- verifying --------------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        # importing reasoning-gym registers every dataset: seconds, once per worker process. The
+        # per-level scorers stay lazy; a run over all 105 datasets would build hundreds up front.
+        _factory()
+        from reasoning_gym.utils import extract_answer  # noqa: F401
+
     def verify(self, task: Task, completion: str) -> VerifyResult:
         try:
             return self._verify(task, completion)

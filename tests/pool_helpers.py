@@ -52,5 +52,31 @@ class UnrulyDomain(Domain):
 UNRULY = UnrulyDomain(verify_timeout_s=1.5)
 
 
+class SlowStartDomain(Domain):
+    """A verifier with a slow first call (a heavy import, say) unless warm_up() loaded it first."""
+
+    name = "slow_start"
+    levels = (1,)
+    START_UP_S = 3.0
+
+    def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
+        return [Task(self.name, level, user_prompt(f"task {rng.random()}"), {}) for _ in range(n)]
+
+    def warm_up(self) -> None:
+        self._load()
+
+    def verify(self, task: Task, completion: str) -> VerifyResult:
+        self._load()
+        return VerifyResult(1.0, True, Status.OK, {"pid": os.getpid()})
+
+    def _load(self) -> None:
+        if not getattr(self, "loaded", False):
+            time.sleep(self.START_UP_S)
+            self.loaded = True
+
+
+SLOW_START = SlowStartDomain(verify_timeout_s=1.0)  # the deadline is shorter than the start-up
+
+
 def task() -> Task:
     return UNRULY.sample(1, 1, random.Random(0))[0]

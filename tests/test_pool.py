@@ -2,6 +2,7 @@
 keeps serving afterwards, and no worker process outlives ``close``."""
 from __future__ import annotations
 
+import random
 import sys
 import time
 from pathlib import Path
@@ -143,3 +144,25 @@ def test_close_resolves_pending_work() -> None:
     assert all(s in (Status.OK, Status.ERROR) for s in statuses)
     assert Status.ERROR in statuses[1:]  # queued work is failed, not silently dropped
     assert not any(p.is_alive() for p in _processes(pool))
+
+
+def test_the_first_call_does_not_pay_for_start_up() -> None:
+    # SLOW_START's verifier loads for 3 s on first use and has a 1 s deadline: the worker warms it
+    # up before reporting ready, so the deadline starts after the load and the first call passes.
+    from pool_helpers import SLOW_START
+
+    with VerifierPool({"slow_start": SLOW_START}, workers=1) as pool:
+        first = pool.submit(SLOW_START.sample(1, 1, random.Random(0))[0], "x").result(timeout=60)
+    assert first.result.status == Status.OK, first.result
+
+
+def test_a_warm_up_that_fails_leaves_the_error_to_verify() -> None:
+    from domains.pool import warm_up
+
+    class Broken(type(UNRULY)):
+        def warm_up(self) -> None:
+            raise OSError("no such model file")
+
+    broken = Broken()
+    warm_up({"broken": broken})  # does not raise: the worker must still come up and answer calls
+    assert verify_guarded(broken, task(), "ok").status == Status.OK

@@ -139,6 +139,15 @@ def test_a_hang_in_c_code_holding_the_gil_is_killed_at_the_deadline(pool):
     _still_works(pool)
 
 
+def test_the_first_call_does_not_pay_for_start_up(pool):
+    from pool_helpers import SLOW_START  # loads for 3 s on first use; its deadline is 1 s
+
+    with RayVerifierPool({"slow_start": SLOW_START}, workers=1, cpus_per_worker=SHARED_CPUS_PER_WORKER) as slow:
+        first = slow.submit(SLOW_START.sample(1, 1, random.Random(0))[0], "x").result(timeout=RESULT_WAIT_S)
+    assert first.result.status == Status.OK, first.result
+    assert ray.is_initialized()  # it joined the module's Ray and left it running
+
+
 def test_a_hang_does_not_block_other_work(pool):
     hang = pool.submit(task(), "hang")
     quick = [pool.submit(task(), "ok") for _ in range(5)]  # served by the other actor meanwhile
