@@ -117,7 +117,8 @@ class Domain:
     def warm_up(self) -> None:
         """Load what ``verify`` needs (heavy imports, parsers) ahead of the first call. A verifier
         worker calls this before it reports ready, so the first call's deadline is not spent on
-        start-up; a failure here is ignored and left for ``verify`` to report."""
+        start-up; a failure here is ignored and left for ``verify`` to report. No deadline guards
+        it, so keep it to seconds (no downloads)."""
 
     def task_from_json(self, data: dict[str, Any]) -> Task:
         """A task given by hand (``palestra verify``): a Task's JSON. Dataset domains override this

@@ -40,7 +40,9 @@ def warm_up(domains: dict[str, Domain]) -> None:
     for domain in domains.values():
         try:
             domain.warm_up()
-        except Exception:  # the domain's verify() will say what is wrong, per call
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # timeouts and SystemExit too: verify() will say what is wrong, per call
             pass
 
 

@@ -46,3 +46,28 @@ def test_the_interval_is_reproducible_for_a_seed():
     before = {("a", 1): [0.0, 1.0, 0.0, 1.0], ("b", 2): [1.0, 0.0, 0.0]}
     after = {("a", 1): [1.0, 1.0, 0.0, 0.0], ("b", 2): [1.0, 1.0, 0.0]}
     assert paired_gain_interval(before, after, seed=3) == paired_gain_interval(before, after, seed=3)
+
+
+def test_domains_count_equally_however_many_tasks_they_have():
+    # a: 10 tasks all flip (gain 1.0); b: 30 unchanged (gain 0). The macro gain is 0.5; an average
+    # over all 40 tasks would say 0.25.
+    before = {("a", 1): [0.0] * 10, ("b", 1): [1.0] * 30}
+    after = {("a", 1): [1.0] * 10, ("b", 1): [1.0] * 30}
+    assert paired_gain_interval(before, after) == pytest.approx((0.5, 0.5))
+
+
+def test_a_domain_pools_its_levels_by_task():
+    # a's level 1 (4 tasks) all flip, its level 2 (12 tasks) stays: a gains 4/16 = 0.25, not the
+    # mean of its level gains (0.5); b is unchanged; the macro gain is 0.125 in every resample
+    # because resampling within each cell keeps 4 flips out of 16.
+    before = {("a", 1): [0.0] * 4, ("a", 2): [1.0] * 12, ("b", 1): [0.0] * 5}
+    after = {("a", 1): [1.0] * 4, ("a", 2): [1.0] * 12, ("b", 1): [0.0] * 5}
+    assert paired_gain_interval(before, after) == pytest.approx((0.125, 0.125))
+    assert summarise(after)["eval/macro"] - summarise(before)["eval/macro"] == pytest.approx(0.125)
+
+
+def test_evaluations_of_different_tasks_are_refused():
+    with pytest.raises(ValueError, match="not of the same held-out tasks"):
+        paired_gain_interval({("a", 1): [1.0]}, {("a", 1): [1.0, 0.0]})
+    with pytest.raises(ValueError, match="not of the same held-out tasks"):
+        paired_gain_interval({("a", 1): [1.0]}, {("b", 1): [1.0]})

@@ -163,6 +163,10 @@ def test_a_warm_up_that_fails_leaves_the_error_to_verify() -> None:
         def warm_up(self) -> None:
             raise OSError("no such model file")
 
+    class TimesOut(type(UNRULY)):
+        def warm_up(self) -> None:
+            raise SystemExit(1)  # like math-verify's TimeoutException: not an Exception
+
     broken = Broken()
-    warm_up({"broken": broken})  # does not raise: the worker must still come up and answer calls
+    warm_up({"broken": broken, "times_out": TimesOut()})  # the worker must still come up and answer calls
     assert verify_guarded(broken, task(), "ok").status == Status.OK

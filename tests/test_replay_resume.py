@@ -137,3 +137,17 @@ def test_an_unreachable_store_stops_with_a_checkpoint_that_loses_nothing(tmp_pat
         assert store.run(summary["run_id"])["status"] == "finished"
     per_step = {s: sum(r["step"] == s for r in rows) for s in range(1, 5)}
     assert per_step == {1: 16, 2: 16, 3: 16, 4: 16}
+
+
+def test_a_resume_with_other_heldout_tasks_finishes_without_pairing_them(tmp_path):
+    # The run stops after step 2 of 4 with a checkpoint, then resumes with twice the held-out
+    # tasks: the saved "before" evaluation no longer matches, so the gain gets no interval
+    # (instead of a crash at the end that every later resume would repeat).
+    first = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, checkpoint={"every": 1})))
+    assert "macro_gain_ci95" in first
+    resumed = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=4, resume="auto",
+                                       eval={"tasks_per_level": 2})))
+    assert resumed["run_id"] == first["run_id"]
+    assert "macro_gain_ci95" not in resumed
+    with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
+        assert store.run(resumed["run_id"])["status"] == "finished"

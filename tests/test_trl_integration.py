@@ -149,6 +149,8 @@ def test_build_names_a_bad_policy_or_domain_before_starting_anything(tmp_path):
         TRLCurriculum.build(["arithmetic"], args, verifier={"workers": 0})
     with pytest.raises(ValueError, match=r"^verifier.backend: Input should be 'local' or 'ray'"):
         TRLCurriculum.build(["arithmetic"], args, verifier={"backend": "celery"})
+    with pytest.raises(ValueError, match="give verifier_workers or verifier"):
+        TRLCurriculum.build(["arithmetic"], args, verifier={"workers": 2}, verifier_workers=2)
     assert not (tmp_path / "palestra.db").exists()
 
 

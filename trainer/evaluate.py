@@ -67,6 +67,8 @@ def paired_gain_interval(before: Hits, after: Hits, *, level: float = 0.95, resa
     Each resample draws tasks with replacement within every (domain, level) cell and scores the
     same draw before and after. Pairing is what makes a small gain measurable: a task that both
     evaluations solve (or both miss) adds no noise, where two independent samples would."""
+    if before.keys() != after.keys() or any(len(before[c]) != len(after[c]) for c in before):
+        raise ValueError("the two evaluations are not of the same held-out tasks")
     rng = np.random.default_rng(seed)
     gains_by_domain: dict[str, list[np.ndarray]] = defaultdict(list)
     for cell in sorted(before):

@@ -130,6 +130,9 @@ class GRPORecipe:
         checkpoint.restore_rng(state["rng"])
         self.history = state.get("history", {})
         self.heldout_hits = state.get("heldout_hits", {})
+        if state.get("heldout_ids") != [t.id for t in self.heldout]:
+            # eval settings or domains changed since the checkpoint: the saved hits cannot be paired
+            self.heldout_hits = {}
 
     # -- train ------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -416,7 +419,8 @@ class GRPORecipe:
             state={"run_id": self.run_id, "scheduler": self.scheduler.state_dict(allow_unwritten=unwritten is not None),
                    "unwritten": unwritten or [], "tasks": self.tasks.state_dict(),
                    "selector": self.tasks.selector.state_dict(),
-                   "rng": checkpoint.capture_rng(), "history": self.history, "heldout_hits": self.heldout_hits},
+                   "rng": checkpoint.capture_rng(), "history": self.history, "heldout_hits": self.heldout_hits,
+                   "heldout_ids": [t.id for t in self.heldout]},
         )
 
     def cleanup(self, status: str = "finished") -> None:

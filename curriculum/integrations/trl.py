@@ -16,11 +16,12 @@ completion of the batch. Here one generation batch is one Palestra plan step: wh
 first prompt of a batch, the dataset asks the Scheduler for the next plan, draws its tasks and
 yields one row per prompt, ``{prompt, domain, level, task_id, palestra_step, palestra_group}`` (the
 payload the verifier needs stays in memory, out of the data stream). ``palestra_reward`` sends each
-completion to its domain's verifier through the VerifierPool (deadlines; a crash or a timeout is
-reward 0, counted, never raised) and collects the verdicts per (plan step, prompt). A step is
-recorded — one store transaction, then the policy and the difficulty controller learn — once every
-group of it is scored, so a call that carries a slice of a batch, or the end of one batch and the
-start of the next, is counted right.
+completion to its domain's verifier through a verifier pool — local worker processes, or Ray actors
+with ``verifier={"backend": "ray"}`` (deadlines; a crash or a timeout is reward 0, counted, never
+raised) and collects the verdicts per (plan step, prompt). A step is recorded — one store
+transaction, then the policy and the difficulty controller learn — once every group of it is
+scored, so a call that carries a slice of a batch, or the end of one batch and the start of the
+next, is counted right.
 
 Where this departs from Palestra's own trainer, and why:
 - the mix adapts one step late: TRL's data loader reads a batch ahead (accelerate's look-ahead and
@@ -151,19 +152,23 @@ class TRLCurriculum:
                  verifier: VerifierConfig | None = None, advantage_std: str = "group",
                  owns_store: bool = False) -> None:
         _check_settings(domains, advantage_std)
-        if verifier is not None and verifier_workers is not None:
-            raise ValueError("give verifier_workers or verifier (which has its own workers), not both")
+        verifier = _verifier_config(verifier, verifier_workers)
         self.domains, self.shape, self.advantage_std = domains, shape, advantage_std
         self.store, self._owns_store = store, owns_store
         config = {"integration": "trl", "domains": sorted(domains), "policy": policy.model_dump(),
                   "difficulty": difficulty.model_dump(), "prompts_per_step": shape.prompts_per_step,
                   "group_size": shape.group_size, "advantage_std": advantage_std, **(run_config or {})}
-        self.run_id = store.start_run(run_name, config, seed)
+        # The pool first (local worker processes unless ``verifier`` asks for Ray actors): a backend
+        # that cannot start must not leave a run row behind that says "running" forever.
+        self.pool = make_pool(domains, verifier) if verifier is not None else VerifierPool(domains, workers=verifier_workers)
+        try:
+            self.run_id = store.start_run(run_name, config, seed)
+        except BaseException:
+            self.pool.close()
+            raise
         self.scheduler = Scheduler({name: tuple(d.levels) for name, d in domains.items()}, policy, difficulty,
                                    shape.prompts_per_step, seed=seed, store=store, run_id=self.run_id)
         self.tasks = TaskSource(domains, heldout_ids=set(), seed=seed)
-        # local worker processes unless ``verifier`` asks for another backend (Ray actors)
-        self.pool = make_pool(domains, verifier) if verifier is not None else VerifierPool(domains, workers=verifier_workers)
         self._open: dict[int, _OpenStep] = {}
         self._next_step = 1
         self._lock = threading.Lock()  # rows() and palestra_reward() may be driven from different threads
@@ -189,7 +194,7 @@ class TRLCurriculum:
         ``verifier`` is the trainer's ``verifier`` section (e.g. ``{"backend": "ray", "workers": 8}``)."""
         shape = trl_batch_shape(args)  # cheap checks first: nothing is started if a setting is wrong
         curriculum = _curriculum_config(policy, difficulty)
-        verifier = _verifier_config(verifier)
+        verifier = _verifier_config(verifier, verifier_workers)
         loaded = load_all(list(domains), domain_options)
         _check_settings(loaded, advantage_std)
         seed = int(args.seed if seed is None else seed)
@@ -386,7 +391,9 @@ class _VerifierSection(BaseModel):
     verifier: VerifierConfig  # nested, so an error names its key as the Hydra apps do: verifier.workers
 
 
-def _verifier_config(verifier: VerifierConfig | dict | None) -> VerifierConfig | None:
+def _verifier_config(verifier: VerifierConfig | dict | None, workers: int | None) -> VerifierConfig | None:
+    if verifier is not None and workers is not None:
+        raise ValueError("give verifier_workers or verifier (which has its own workers), not both")
     if verifier is None or isinstance(verifier, VerifierConfig):
         return verifier
     try:
