@@ -15,7 +15,7 @@ def test_non_finite_loss_alarm():
 
 
 def test_reward_up_while_heldout_down_is_flagged():
-    monitor = HealthMonitor(HealthConfig(reward_window=5))
+    monitor = HealthMonitor(HealthConfig(reward_window=5, heldout_drop_max=None))  # this alarm alone
     assert monitor.after_eval(0.9) == []  # before any training step there is no reward to compare
     for _ in range(5):
         monitor.after_step({"loss": 0.0, "reward/mean": 0.2})
@@ -28,6 +28,21 @@ def test_reward_up_while_heldout_down_is_flagged():
     for _ in range(10):
         monitor.after_step({"loss": 0.0, "reward/mean": 0.95})
     assert monitor.after_eval(0.6) == []
+
+
+def test_a_large_fall_below_the_best_evaluation_is_flagged_whatever_the_reward():
+    # the numbers of a measured run (lr 2e-4, code domains): 0.700, 0.688, 0.731, then 0.544
+    monitor = HealthMonitor(HealthConfig(heldout_drop_max=0.1))
+    assert monitor.after_eval(0.700) == []
+    for _ in range(5):
+        monitor.after_step({"loss": 0.0, "reward/mean": 0.5})
+    assert monitor.after_eval(0.688) == []  # within 0.1 of the best
+    assert monitor.after_eval(0.731) == []
+    for _ in range(5):
+        monitor.after_step({"loss": 0.0, "reward/mean": 0.4})  # reward fell too: no hacking alarm
+    [alarm] = monitor.after_eval(0.544)
+    assert "0.187 below its best (0.731)" in alarm and "forgetting" in alarm
+    assert HealthMonitor(HealthConfig(heldout_drop_max=None)).after_eval(0.1) == []
 
 
 def test_console_tables_fit_long_domain_names():

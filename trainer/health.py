@@ -1,6 +1,8 @@
 """Health alarms: signs that a run is going wrong while it still looks busy.
 
 - reward hacking: the training reward keeps rising while held-out success falls;
+- forgetting: held-out success falls well below its best so far, whatever the reward does (the
+  reward is a poor witness here: the difficulty controller lowers it each time it raises a level);
 - KL to the reference or the policy's entropy leaving configured bounds (collapse or blow-up);
 - a non-finite loss (the update is skipped by the recipe; the alarm says so).
 Alarms are logged (``alarm/*`` metrics and a console line); they never stop the run.
@@ -19,6 +21,7 @@ class HealthConfig(BaseModel):
     entropy_min: float | None = Field(None, ge=0)
     entropy_max: float | None = Field(None, gt=0)
     reward_window: int = Field(20, ge=2)  # steps of training reward compared between evaluations
+    heldout_drop_max: float | None = Field(0.1, gt=0)  # held-out macro this far below its best: alarm
 
 
 class HealthMonitor:
@@ -27,6 +30,7 @@ class HealthMonitor:
         self.rewards: deque[float] = deque(maxlen=2 * cfg.reward_window)
         # (held-out macro, mean training reward then); the reward is None before any training step
         self.last_eval: tuple[float, float | None] | None = None
+        self.best_macro: float | None = None
 
     def after_step(self, metrics: dict) -> list[str]:
         alarms = []
@@ -45,7 +49,8 @@ class HealthMonitor:
         return alarms
 
     def after_eval(self, heldout_macro: float) -> list[str]:
-        """Compare with the previous evaluation: reward up and held-out down suggests hacking."""
+        """Compare with the previous evaluation (reward up and held-out down suggests hacking) and
+        with the best one (a large fall suggests forgetting)."""
         reward = sum(self.rewards) / len(self.rewards) if self.rewards else None
         alarms = []
         if self.last_eval is not None and reward is not None and self.last_eval[1] is not None:
@@ -55,5 +60,10 @@ class HealthMonitor:
                     f"training reward rose {previous_reward:.3f} -> {reward:.3f} while held-out success fell "
                     f"{previous_macro:.3f} -> {heldout_macro:.3f} (reward hacking?)"
                 )
+        drop = self.cfg.heldout_drop_max
+        if drop is not None and self.best_macro is not None and heldout_macro < self.best_macro - drop:
+            alarms.append(f"held-out success {heldout_macro:.3f} is {self.best_macro - heldout_macro:.3f} below its best "
+                          f"({self.best_macro:.3f}): forgetting? (a lower trainer.lr helps)")
+        self.best_macro = heldout_macro if self.best_macro is None else max(self.best_macro, heldout_macro)
         self.last_eval = (heldout_macro, reward)
         return alarms
