@@ -141,7 +141,7 @@ def test_an_unreachable_store_stops_with_a_checkpoint_that_loses_nothing(tmp_pat
 
 def test_a_resume_with_other_heldout_tasks_finishes_without_pairing_them(tmp_path):
     # The run stops after step 2 of 4 with a checkpoint, then resumes with twice the held-out
-    # tasks: the saved "before" evaluation no longer matches, so the gain gets no interval
+    # tasks: the saved "before" evaluation no longer matches, so there is no gain and no interval
     # (instead of a crash at the end that every later resume would repeat).
     first = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, checkpoint={"every": 1})))
     assert "macro_gain_ci95" in first
@@ -149,5 +149,7 @@ def test_a_resume_with_other_heldout_tasks_finishes_without_pairing_them(tmp_pat
                                        eval={"tasks_per_level": 2})))
     assert resumed["run_id"] == first["run_id"]
     assert "macro_gain_ci95" not in resumed
+    assert resumed["before"] == {} and resumed["macro_gain"] is None  # nothing comparable before GRPO
+    assert 0.0 <= resumed["after"]["eval/macro"] <= 1.0
     with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
         assert store.run(resumed["run_id"])["status"] == "finished"

@@ -68,12 +68,20 @@ def _hydra_main(cfg: DictConfig) -> None:
     except (ConfigError, DomainError, StoreUnavailable, VerifierBackendUnavailable, VLLMUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    before, after = summary["before"].get("eval/macro", 0.0), summary["after"].get("eval/macro", 0.0)
-    line = {"run_id": summary["run_id"], "macro_before": round(before, 4), "macro_after": round(after, 4),
-            "macro_gain": round(after - before, 4)}
+    print(json.dumps(_result_line(summary)))
+
+
+def _result_line(summary: dict) -> dict:
+    """The run's last printed line; null where there is nothing to compare (a resume whose held-out
+    tasks changed has no evaluation before GRPO to compare with)."""
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, 4)
+
+    line = {"run_id": summary["run_id"], "macro_before": rounded(summary["before"].get("eval/macro")),
+            "macro_after": rounded(summary["after"].get("eval/macro")), "macro_gain": rounded(summary["macro_gain"])}
     if "macro_gain_ci95" in summary:
-        line["macro_gain_ci95"] = [round(bound, 4) for bound in summary["macro_gain_ci95"]]
-    print(json.dumps(line))
+        line["macro_gain_ci95"] = [rounded(bound) for bound in summary["macro_gain_ci95"]]
+    return line
 
 
 def _launched_ranks() -> int:

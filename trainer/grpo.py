@@ -131,7 +131,9 @@ class GRPORecipe:
         self.history = state.get("history", {})
         self.heldout_hits = state.get("heldout_hits", {})
         if state.get("heldout_ids") != [t.id for t in self.heldout]:
-            # eval settings or domains changed since the checkpoint: the saved hits cannot be paired
+            # eval settings or domains changed since the checkpoint: the evaluation before GRPO was
+            # of other tasks, so nothing after can be compared with it
+            self.history.pop("before", None)
             self.heldout_hits = {}
 
     # -- train ------------------------------------------------------------------------------------
@@ -173,8 +175,9 @@ class GRPORecipe:
 
     def summary(self) -> dict[str, Any]:
         before, after = self.history.get("before", {}), self.history.get("after", {})
-        summary = {"run_id": self.run_id, "before": before, "after": after,
-                   "macro_gain": after.get("eval/macro", 0.0) - before.get("eval/macro", 0.0)}
+        summary = {"run_id": self.run_id, "before": before, "after": after, "macro_gain": None}
+        if "eval/macro" in before and "eval/macro" in after:
+            summary["macro_gain"] = after["eval/macro"] - before["eval/macro"]
         if "before" in self.heldout_hits and "after" in self.heldout_hits:
             summary["macro_gain_ci95"] = paired_gain_interval(
                 self.heldout_hits["before"], self.heldout_hits["after"], seed=self.cfg.eval.seed)
