@@ -103,6 +103,12 @@ class _Worker:
         self.conn.close()
 
 
+def resolve_once(job: _Job, verdict: Verdict) -> None:
+    """Give a call its verdict, unless a breakdown already failed it (a late reply is dropped)."""
+    if not job.future.done():
+        job.future.set_result(verdict)
+
+
 class QueuedPool(ABC):
     """What every verifier pool shares: calls wait in a queue that the pool's dispatcher thread hands
     to its workers, and the public API — ``submit`` returns a Future[Verdict], ``verify_many``,
@@ -127,6 +133,30 @@ class QueuedPool(ABC):
     @abstractmethod
     def _stop_workers(self) -> None:
         """Stop the workers once the dispatcher has exited."""
+
+    @abstractmethod
+    def _running_jobs(self) -> list[_Job]:
+        """The calls the workers hold right now."""
+
+    def _take_job(self) -> _Job | None:
+        """The next queued call, for an idle worker; None when the queue is empty."""
+        with self._lock:
+            return self._queue.popleft() if self._queue else None
+
+    def _start_failed(self, workers: int, message: str) -> None:
+        """A worker died before it was ready. Past three such deaths per worker the pool gives up:
+        every queued and later call gets ``message`` as its error instead of waiting forever."""
+        self.start_failures += 1
+        if self.start_failures > 3 * workers and not self.broken:
+            self.broken = message
+            self._fail_pending(message)
+
+    def _fail_pending(self, message: str) -> None:
+        with self._lock:
+            pending = list(self._queue)
+            self._queue.clear()
+        for job in pending + self._running_jobs():
+            resolve_once(job, Verdict(VerifyResult.failure(Status.ERROR, message), 0.0))
 
     def close(self) -> None:
         if self._closed:
@@ -212,20 +242,17 @@ class VerifierPool(QueuedPool):
         try:
             worker.ready = worker.conn.recv() == "ready"
         except (EOFError, OSError):  # died while starting (e.g. a plugin that fails to unpickle)
-            self.start_failures += 1
-            if self.start_failures > 3 * len(self._workers):
-                self.broken = "verifier workers keep dying at start-up (a domain that cannot be unpickled?)"
-                self._fail_pending(self.broken)
+            self._start_failed(len(self._workers),
+                               "verifier workers keep dying at start-up (a domain that cannot be unpickled?)")
             self._replace(self._workers.index(worker))
 
     def _assign_jobs(self) -> None:
         for i, worker in enumerate(self._workers):
             if worker.job is not None or not worker.ready:
                 continue
-            with self._lock:
-                if not self._queue:
-                    return
-                job = self._queue.popleft()
+            job = self._take_job()
+            if job is None:
+                return
             try:
                 worker.conn.send((job.id, job.domain, job.task, job.completion))
             except OSError:  # worker died between jobs: replace it and retry the job
@@ -247,7 +274,7 @@ class VerifierPool(QueuedPool):
             self._replace(self._workers.index(worker))
         else:
             worker.job = None
-        job.future.set_result(verdict)
+        resolve_once(job, verdict)
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
@@ -256,7 +283,7 @@ class VerifierPool(QueuedPool):
                 job = worker.job
                 self.timeouts += 1
                 self._replace(i)
-                job.future.set_result(Verdict(
+                resolve_once(job, Verdict(
                     VerifyResult.failure(Status.TIMEOUT, f"verifier exceeded {job.timeout_s:g}s"), now - worker.started
                 ))
 
@@ -265,11 +292,5 @@ class VerifierPool(QueuedPool):
         self._workers[index] = _Worker(self._ctx, self.domains)
         self.restarts += 1
 
-    def _fail_pending(self, message: str) -> None:
-        with self._lock:
-            pending = list(self._queue)
-            self._queue.clear()
-        pending += [w.job for w in self._workers if w.job is not None]
-        for job in pending:
-            if not job.future.done():
-                job.future.set_result(Verdict(VerifyResult.failure(Status.ERROR, message), 0.0))
+    def _running_jobs(self) -> list[_Job]:
+        return [w.job for w in self._workers if w.job is not None]

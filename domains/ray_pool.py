@@ -46,7 +46,7 @@ from ray.exceptions import RayActorError
 
 from domains.api import Domain, Status, Task, VerifyResult
 from domains.backend import VerifierBackendUnavailable
-from domains.pool import QueuedPool, Verdict, _Job, verify_guarded, warm_up
+from domains.pool import QueuedPool, Verdict, _Job, resolve_once, verify_guarded, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -222,10 +222,7 @@ class RayVerifierPool(QueuedPool):
         try:
             ray.get(ref)
         except Exception as exc:  # the actor died while unpickling the domains (a missing module, ...)
-            self.start_failures += 1
-            if self.start_failures > 3 * len(self._actors) and not self.broken:
-                self.broken = f"Ray verifier workers keep dying at start-up: {_last_line(exc)}"
-                self._fail_pending(self.broken)
+            self._start_failed(len(self._actors), f"Ray verifier workers keep dying at start-up: {_last_line(exc)}")
             self._replace(actor)
             return
         actor.ready = True
@@ -234,10 +231,9 @@ class RayVerifierPool(QueuedPool):
         for actor in self._actors:
             if actor.job is not None or not actor.ready:
                 continue
-            with self._lock:
-                if not self._queue:
-                    return
-                job = self._queue.popleft()
+            job = self._take_job()
+            if job is None:
+                return
             actor.pending = actor.handle.verify.remote(job.domain, job.task, job.completion)
             actor.job, actor.started = job, time.monotonic()
             actor.deadline = actor.started + job.timeout_s
@@ -254,7 +250,7 @@ class RayVerifierPool(QueuedPool):
             self._replace(actor)
         except Exception as exc:  # the call failed in Ray, or the result does not unpickle here
             verdict = Verdict(VerifyResult.failure(Status.ERROR, f"verifier call failed: {_last_line(exc)}"), 0.0)
-        _resolve(job, verdict)
+        resolve_once(job, verdict)
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
@@ -263,7 +259,7 @@ class RayVerifierPool(QueuedPool):
                 job = actor.job
                 self.timeouts += 1
                 self._replace(actor)
-                _resolve(job, Verdict(
+                resolve_once(job, Verdict(
                     VerifyResult.failure(Status.TIMEOUT, f"verifier exceeded {job.timeout_s:g}s"), now - actor.started
                 ))
 
@@ -294,19 +290,8 @@ class RayVerifierPool(QueuedPool):
         except Exception:  # already gone, or Ray is shutting down
             pass
 
-    def _fail_pending(self, message: str) -> None:
-        with self._lock:
-            pending = list(self._queue)
-            self._queue.clear()
-        pending += [actor.job for actor in self._actors if actor.job is not None]
-        for job in pending:
-            _resolve(job, Verdict(VerifyResult.failure(Status.ERROR, message), 0.0))
-
-
-def _resolve(job: _Job, verdict: Verdict) -> None:
-    # a breakdown may already have failed this call; its late reply is dropped
-    if not job.future.done():
-        job.future.set_result(verdict)
+    def _running_jobs(self) -> list[_Job]:
+        return [actor.job for actor in self._actors if actor.job is not None]
 
 
 def _last_line(exc: BaseException) -> str:
