@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
@@ -133,7 +134,7 @@ class Domain:
         return f"<Domain {self.name} levels={list(self.levels)}>"
 
 
-class DomainFamily:
+class DomainFamily(ABC):
     """Many domains generated from one source (e.g. every dataset of a task library).
 
     Registered once, under the entry-point group ``palestra.domain_families``; the entry point's
@@ -144,8 +145,9 @@ class DomainFamily:
     def members(self) -> list[str]:
         return []
 
+    @abstractmethod
     def domain(self, member: str) -> Domain:
-        raise NotImplementedError(f"{type(self).__name__} must implement domain()")
+        """The domain ``<prefix>_<member>``."""
 
     def missing(self) -> str | None:
         """Why ``members()`` is empty (e.g. an optional dependency is not installed), or None."""
