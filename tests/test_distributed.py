@@ -81,7 +81,7 @@ def one_step(tmp_path_factory):
     recipe = GRPORecipe(validate_config(raw))
     recipe.setup()
     try:
-        batch, _ = recipe._collect_with_refill(recipe.scheduler.plan(1), defaultdict(float))
+        batch, _, _ = recipe._collect_with_refill(recipe.scheduler.plan(1), defaultdict(float))
         yield recipe, batch
     finally:
         recipe.cleanup()

@@ -10,6 +10,7 @@ from curriculum.store import StatsStore
 from domains.registry import available, load
 from trainer.config import validate_config
 from trainer.grpo import GRPORecipe
+from trainer.losses import group_advantages
 
 PLUGIN = '''
 """A throwaway third-party domain: the reward is the share of distinct digits in the completion,
@@ -130,3 +131,33 @@ def test_grpo_steps_with_a_tool_domain(tmp_path):
     tool_rows = [r for r in rows if r["domain"] == "tool_calculator"]
     assert tool_rows and all(r["completion"].startswith("[") for r in tool_rows)  # JSON transcripts
     assert any("domain/tool_calculator/turns" in m for m in metrics)
+
+
+def test_dynamic_sampling_stores_every_group_with_the_advantages_it_trained_on(tmp_path, plugin_package):
+    # the untrained model fails every arithmetic task, so those groups have no variance: they are
+    # dropped, refilled (and fail again); the digit groups, graded, are kept
+    config = tiny_config(tmp_path, trainer={"steps": 2, "dynamic_sampling": True, "max_refill_rounds": 1})
+    recipe = GRPORecipe(config)
+    try:
+        recipe.setup()
+        for step in (1, 2):
+            recipe.train_step(step)
+    finally:
+        recipe.cleanup()
+    with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
+        [run] = store.runs()
+        rows = store.results(run["id"])
+    groups: dict[tuple[int, int], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["step"], row["group_index"]), []).append(row)
+    trained = 0
+    for (step, _), members in groups.items():
+        rewards = torch.tensor([[m["reward"] for m in members]])
+        stored = [m["advantage"] for m in members]
+        if float(rewards.max() - rewards.min()) < 1e-9:
+            assert stored == [0.0] * len(members)  # a discarded zero-variance group trains on nothing
+        elif any(stored):
+            assert stored == pytest.approx(group_advantages(rewards)[0].tolist(), abs=1e-5)
+            trained += 1
+    assert trained > 0
+    assert len(rows) > 2 * 4 * 4  # refills are recorded too

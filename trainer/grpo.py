@@ -213,20 +213,20 @@ class GRPORecipe:
         t = self.cfg.trainer
         timer: dict[str, float] = defaultdict(float)
         plan = self.world.broadcast(self.scheduler.plan(step) if self.world.is_main else None)
-        batch, recorded = self._collect_with_refill(plan, timer)
+        batch, recorded, kept = self._collect_with_refill(plan, timer)
         advantages = group_advantages(batch.rewards, t.advantage_std)  # [P, G]
         start = time.perf_counter()
         update = self._update(batch, advantages.flatten())
         timer["train"] = time.perf_counter() - start
         metrics = step_report.step_metrics(step, plan, batch, recorded, update, timer)
         if self.world.is_main:  # every rank holds the whole step; rank 0 records it
-            self._record(step, batch, recorded, advantages, metrics)
+            self._record(step, recorded, kept, advantages, metrics)
         return metrics
 
-    def _record(self, step: int, batch: StepBatch, recorded: list[StepBatch], advantages: torch.Tensor,
+    def _record(self, step: int, recorded: list[StepBatch], kept: list[tuple[int, int]], advantages: torch.Tensor,
                 metrics: dict[str, Any]) -> None:
         start = time.perf_counter()
-        outcomes = step_report.outcomes(recorded, batch, advantages, self.domains)
+        outcomes = step_report.outcomes(recorded, kept, advantages, self.domains)
         tasks = {task.id: task.to_json() for b in recorded for task in b.tasks}  # for replay
         # the selector counted while this step's tasks were drawn; its counts must be in the
         # metrics before the scheduler takes its copy for the store
@@ -239,25 +239,29 @@ class GRPORecipe:
         self._alarm(step, self.health.after_step(metrics))
 
     # -- rollouts -----------------------------------------------------------------------------------
-    def _collect_with_refill(self, plan: Plan, timer: dict[str, float]) -> tuple[StepBatch, list[StepBatch]]:
+    def _collect_with_refill(self, plan: Plan, timer: dict[str, float]
+                             ) -> tuple[StepBatch, list[StepBatch], list[tuple[int, int]]]:
         """Generate and verify the plan's tasks; with dynamic sampling, replace zero-variance groups.
 
-        Returns the batch to train on and every batch generated (discarded groups count in the
-        rollout budget and are recorded in the store)."""
+        Returns the batch to train on, every batch generated (discarded groups count in the
+        rollout budget and are recorded in the store) and, for each trained group in order, where
+        it was generated: (batch, group) — a task drawn twice is two groups, not one."""
         t = self.cfg.trainer
         generated = [self._collect(self._draw(plan.counts, plan.step), timer, (plan.step, 0))]
-        keep = [generated[0].select(varied_groups(generated[0]))] if t.dynamic_sampling else [generated[0]]
+        everything = list(range(len(generated[0].tasks)))
+        kept = [(0, p) for p in (varied_groups(generated[0]) if t.dynamic_sampling else everything)]
         for refill_round in range(1, 1 + (t.max_refill_rounds if t.dynamic_sampling else 0)):
-            missing = t.prompts_per_step - sum(len(b.tasks) for b in keep)
+            missing = t.prompts_per_step - len(kept)
             if missing <= 0:
                 break
             # refill in the plan's own proportions of (domain, level)
             planned = Counter((task.domain, task.level) for b in generated for task in b.tasks)
             refill = self._collect(self._draw(shrink_counts(planned, missing), plan.step), timer, (plan.step, refill_round))
             generated.append(refill)
-            keep.append(refill.select(varied_groups(refill)[:missing]))
-        keep = [b for b in keep if b.tasks] or [generated[0]]  # nothing varied: train on zeros (no-op)
-        return concat(keep, self.tokenizer.pad_token_id), generated
+            kept += [(refill_round, p) for p in varied_groups(refill)[:missing]]
+        kept = kept or [(0, p) for p in everything]  # nothing varied: train on zeros (a no-op)
+        parts = [generated[r].select([p for r2, p in kept if r2 == r]) for r in range(len(generated))]
+        return concat([b for b in parts if b.tasks], self.tokenizer.pad_token_id), generated, kept
 
     def _draw(self, counts: dict[tuple[str, int], int], step: int) -> list[Task]:
         """Rank 0 draws (it owns the task source and the prompt selector); every rank gets the list."""

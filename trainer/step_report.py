@@ -13,15 +13,16 @@ from domains.pool import Verdict
 from trainer.batch import StepBatch
 
 
-def outcomes(recorded: list[StepBatch], trained: StepBatch, advantages: torch.Tensor,
+def outcomes(recorded: list[StepBatch], kept: list[tuple[int, int]], advantages: torch.Tensor,
              domains: dict[str, Domain]) -> list[Outcome]:
-    """One store row per completion generated this step, refills included; completions that were
-    not trained on (discarded zero-variance groups) get advantage 0."""
-    trained_adv = {(task.id, g): float(advantages[p, g]) for p, task in enumerate(trained.tasks)
-                   for g in range(trained.group_size)}
+    """One store row per completion generated this step, refills included. ``kept[i]`` is where
+    trained group i was generated, (batch, group), and ``advantages[i]`` its advantages; completions
+    that were not trained on (discarded zero-variance groups) get advantage 0."""
+    trained_adv = {origin: advantages[i].tolist() for i, origin in enumerate(kept)}
     rows, group = [], 0
-    for batch in recorded:
+    for b, batch in enumerate(recorded):
         for p, task in enumerate(batch.tasks):
+            group_adv = trained_adv.get((b, p), [0.0] * batch.group_size)
             prompt_hash = stable_hash(task.prompt)
             version = domains[task.domain].version
             for g in range(batch.group_size):
@@ -30,7 +31,7 @@ def outcomes(recorded: list[StepBatch], trained: StepBatch, advantages: torch.Te
                 rows.append(Outcome(
                     domain=task.domain, level=task.level, task_id=task.id, group=group,
                     reward=verdict.result.reward, correct=verdict.result.correct,
-                    status=verdict.result.status.value, advantage=trained_adv.get((task.id, g), 0.0),
+                    status=verdict.result.status.value, advantage=group_adv[g],
                     prompt_hash=prompt_hash, completion_hash=stable_hash(text), latency_s=verdict.latency_s,
                     completion=text, verifier_version=version,
                 ))

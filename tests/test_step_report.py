@@ -1,0 +1,39 @@
+"""The store rows a GRPO step writes: every generated completion, with the advantage it trained on."""
+import torch
+
+from domains.api import Status, Task, VerifyResult, user_prompt
+from domains.math_gen import ARITHMETIC
+from domains.pool import Verdict
+from trainer.batch import StepBatch
+from trainer.losses import group_advantages
+from trainer.step_report import outcomes
+
+G = 2
+TASK = Task("arithmetic", 1, user_prompt("2+2="), {"answer": "4"})
+
+
+def _batch(rewards: list[list[float]]) -> StepBatch:
+    """One task (the same one) per group; the rollout is not read when rows are written."""
+    flat = [r for group in rewards for r in group]
+    verdicts = [Verdict(VerifyResult(r, r == 1.0, Status.OK if r == 1.0 else Status.WRONG), 0.0) for r in flat]
+    return StepBatch(tasks=[TASK] * len(rewards), group_size=G, rollout=None,
+                     texts=[f"text{i}" for i in range(len(flat))], verdicts=verdicts)
+
+
+def test_a_task_drawn_twice_keeps_each_groups_advantages():
+    batch = _batch([[1.0, 0.0], [0.0, 0.0]])
+    advantages = group_advantages(batch.rewards)  # [[+1, -1], [0, 0]] up to the eps in the std
+    rows = outcomes([batch], [(0, 0), (0, 1)], advantages, {"arithmetic": ARITHMETIC})
+    assert [r.group for r in rows] == [0, 0, 1, 1]
+    assert [round(r.advantage, 3) for r in rows] == [1.0, -1.0, 0.0, 0.0]
+
+
+def test_a_discarded_group_stores_zero_and_its_refill_the_trained_advantages():
+    first = _batch([[1.0, 0.0], [0.0, 0.0]])  # group 1 has no variance: dynamic sampling drops it
+    refill = _batch([[0.0, 1.0]])
+    kept = [(0, 0), (1, 0)]
+    advantages = group_advantages(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    rows = outcomes([first, refill], kept, advantages, {"arithmetic": ARITHMETIC})
+    assert [r.group for r in rows] == [0, 0, 1, 1, 2, 2]
+    assert [round(r.advantage, 3) for r in rows] == [1.0, -1.0, 0.0, 0.0, -1.0, 1.0]
+    assert [r.completion for r in rows] == ["text0", "text1", "text2", "text3", "text0", "text1"]
