@@ -7,7 +7,8 @@ import torch
 
 from domains.registry import load_all
 from trainer.episodes import run_episodes, tool_message_tokens, transcript_tokens
-from trainer.models import load_model, load_tokenizer
+from trainer.models import encode_prompt, load_model, load_tokenizer
+from trainer.rollout import assemble, left_pad
 from trainer.sft import reference_pairs, supervised_loss
 from trainer.tiny_model import build_tiny_model
 
@@ -64,3 +65,47 @@ def test_played_episode_masks_the_tool_response(setup):
     assert truth in _masked_text(tok, tokens, mask, keep=0)
     assert truth not in _masked_text(tok, tokens, mask, keep=1).split("boxed")[0]  # only copied in the answer
     assert domains["tool_calculator"].verify(task, transcripts[0]).reward == 1.0
+
+
+def _scripted_sampler(tokenizer, scripts: dict[tuple[int, ...], list[str]]):
+    """A sampler that plays fixed turns: ``scripts`` maps an episode's prompt tokens to the text of
+    each of its assistant turns; each turn is cut at the budget it is given, as a real one is."""
+    played: dict[tuple[int, ...], int] = {}
+
+    def sample(model, prompts, *, max_new_tokens, eos_id, pad_id, stop=None, **_):
+        rows, lengths, ended = [], [], []
+        for tokens in prompts:
+            key = next(k for k in scripts if tuple(tokens[:len(k)]) == k)
+            turn = played.get(key, 0)
+            played[key] = turn + 1
+            ids = tokenizer(scripts[key][turn], add_special_tokens=False)["input_ids"] + [eos_id]
+            rows.append(ids[:max_new_tokens])
+            lengths.append(len(rows[-1]))
+            ended.append(len(ids) <= max_new_tokens)
+        width = max(lengths)
+        completion = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows])
+        prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+        return assemble(prompt_ids, prompt_mask, completion, torch.tensor(lengths), torch.tensor(ended), eos_id)
+
+    return sample
+
+
+def test_a_wordy_episode_does_not_cut_short_the_others_in_its_batch(setup):
+    model, tok, domains = setup
+    wordy, brief = domains["tool_calculator"].sample(1, 2, random.Random(7))
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    scripts = {
+        tuple(encode_prompt(tok, wordy.prompt)): [call.replace(" ", " " * 12), "\\boxed{3}" + " " * 100],
+        tuple(encode_prompt(tok, brief.prompt)): [call, "\\boxed{3}" + " " * 100],
+    }
+    budget = {"max_new_tokens": 200, "max_total_tokens": 200, "temperature": 0.0}
+    _, alone = run_episodes(model, tok, [brief], domains, sampler=_scripted_sampler(tok, scripts), **budget)
+    rollout, together = run_episodes(model, tok, [wordy, brief], domains,
+                                     sampler=_scripted_sampler(tok, scripts), **budget)
+    # the wordy episode has about 60 tokens left for its answer, the brief one about 120: the
+    # brief one's answer (110 tokens) must not be cut at the wordy one's budget ...
+    assert together[1] == alone[0]
+    assert json.loads(together[1])[-1]["content"] == "\\boxed{3}" + " " * 100
+    # ... while the wordy one's is cut at its own
+    assert 0 < len(json.loads(together[0])[-1]["content"]) < 100
+    assert rollout.truncated.tolist() == [True, False]

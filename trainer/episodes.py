@@ -65,7 +65,8 @@ def run_episodes(
         live = [i for i, e in enumerate(episodes) if not e.done]
         if not live:
             break
-        budget = max(1, min(max_new_tokens, min(max_total_tokens - len(episodes[i].tokens) for i in live)))
+        # one budget for the batch, sized for its roomiest episode; _advance ends each episode at its own
+        budget = max(1, min(max_new_tokens, max(max_total_tokens - len(episodes[i].tokens) for i in live)))
         turn = sampler(model, [episodes[i].prompt + episodes[i].tokens for i in live], max_new_tokens=budget,
                         eos_id=eos, pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
                         generator=generator, stop=stop)
@@ -76,14 +77,16 @@ def run_episodes(
 
 
 def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, max_total_tokens: int) -> None:
-    chosen = turn.completion_tokens[row, :length].tolist()
+    room = max_total_tokens - len(ep.tokens)
+    over = length > room  # the turn ran past this episode's own token budget: cut it there
+    chosen = turn.completion_tokens[row, :min(length, room)].tolist()
     ep.tokens += chosen
     ep.policy_mask += [1] * len(chosen)
-    text = tokenizer.decode(turn.completion_ids[row], skip_special_tokens=False)
+    text = tokenizer.decode(chosen if over else turn.completion_ids[row], skip_special_tokens=False)
     ep.messages.append({"role": "assistant", "content": text})
     ep.turns += 1
     result = env.step(text)
-    if bool(turn.truncated[row]) or len(ep.tokens) >= max_total_tokens:
+    if over or bool(turn.truncated[row]) or len(ep.tokens) >= max_total_tokens:
         ep.done, ep.truncated = True, True
         return
     if result.done or result.observation is None or ep.turns >= ep.max_turns:
