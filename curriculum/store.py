@@ -263,6 +263,11 @@ class StatsStore:
         self._insert_cache: dict[tuple, str] = {}
         self._create_schema()
 
+    @property
+    def safe_url(self) -> str:
+        """The URL for messages: a server password shows as ***."""
+        return self.engine.url.render_as_string(hide_password=True)
+
     def _create_schema(self, attempts: int = 4) -> None:
         # Runs of a sweep may open a fresh database at the same moment: one of them loses the race
         # to create a table or the version row, and simply looks again.
@@ -285,7 +290,7 @@ class StatsStore:
                 return
         if int(found) > SCHEMA_VERSION:
             raise SchemaVersionError(
-                f"database {self.url!r} has schema version {found}, newer than this Palestra "
+                f"database {self.safe_url!r} has schema version {found}, newer than this Palestra "
                 f"understands ({SCHEMA_VERSION}); upgrade Palestra or use another database"
             )
 
@@ -318,7 +323,7 @@ class StatsStore:
         with self.engine.connect() as conn:
             row = conn.execute(select(RunRow.__table__).where(RunRow.id == run_id)).mappings().first()
         if row is None:
-            raise KeyError(f"no run {run_id!r} in {self.url!r}")
+            raise KeyError(f"no run {run_id!r} in {self.safe_url!r}")
         return dict(row)
 
     # -- the per-step write -------------------------------------------------------------------
@@ -348,7 +353,7 @@ class StatsStore:
             except (OperationalError, InterfaceError) as exc:  # locked, busy, connection lost
                 if delay is None:
                     raise StoreUnavailable(
-                        f"{what} to {self.engine.url.render_as_string(hide_password=True)} failed "
+                        f"{what} to {self.safe_url} failed "
                         f"{len(self.retry_delays_s) + 1} times: {' '.join(str(exc.orig or exc).split())[:300]}"
                     ) from exc
                 if getattr(exc, "connection_invalidated", False):

@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from curriculum.cli import main as cli
 from curriculum.replay import replay
 from curriculum.store import StatsStore
 from trainer.app import run
-from trainer.config import validate_config
+from trainer.config import ConfigError, validate_config
+from trainer.grpo import GRPORecipe
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # spawned verifier workers import replay_helpers from here
@@ -125,7 +128,7 @@ def test_an_unreachable_store_stops_with_a_checkpoint_that_loses_nothing(tmp_pat
         return metrics
 
     recipe.train_step = step_then_lose_the_store
-    with pytest.raises(StoreUnavailable, match=r"unwritten step\(s\); fix the store, then run again with resume=auto"):
+    with pytest.raises(StoreUnavailable, match=r"unwritten step\(s\); fix the store, then run again with resume=\S+step-0000004"):
         recipe.train()
     recipe.cleanup("failed")
     blocker.rollback()
@@ -153,3 +156,41 @@ def test_a_resume_with_other_heldout_tasks_finishes_without_pairing_them(tmp_pat
     assert 0.0 <= resumed["after"]["eval/macro"] <= 1.0
     with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
         assert store.run(resumed["run_id"])["status"] == "finished"
+
+
+def test_resume_by_checkpoint_path_from_a_new_folder_continues_the_run_in_its_own(tmp_path):
+    # Hydra stamps every launch with a new output folder: a resume names the checkpoint and must go
+    # on with that run's store, SFT anchor (the KL reference) and metrics, not start over beside them
+    with_kl = {**tiny(tmp_path, [], steps=2)["trainer"], "beta": 0.1}
+    first = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, checkpoint={"every": 1}, trainer=with_kl)))
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-0000002"
+    later = dict(tiny(tmp_path, ["arithmetic"], steps=3, resume=str(checkpoint), trainer={**with_kl, "steps": 3}),
+                 output_dir=str(tmp_path / "later"))
+    recipe = GRPORecipe(validate_config(later))
+    try:
+        recipe.setup()
+        anchor = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "sft-model").state_dict()
+        assert all(torch.equal(v, anchor[k]) for k, v in recipe.ref_model.state_dict().items())
+    finally:
+        recipe.cleanup("interrupted")
+    resumed = run(validate_config(later))
+    assert resumed["run_id"] == first["run_id"]
+    with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
+        assert store.run(resumed["run_id"])["status"] == "finished"
+        per_step = {s: sum(r["step"] == s for r in store.results(resumed["run_id"])) for s in (1, 2, 3)}
+    assert per_step == {1: 16, 2: 16, 3: 16}
+    logged = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in logged if r["phase"] == "train"] == [1, 2, 3]
+    assert not (tmp_path / "later" / "palestra.db").exists()
+
+
+def test_resume_with_a_store_that_lacks_the_run_fails_in_one_line(tmp_path):
+    run(validate_config(tiny(tmp_path, ["arithmetic"], steps=1, checkpoint={"every": 1})))
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-0000001"
+    elsewhere = tiny(tmp_path, ["arithmetic"], steps=2, resume=str(checkpoint),
+                     store={"url": f"sqlite:///{tmp_path / 'other.db'}"})
+    with pytest.raises(ConfigError, match=r"^resume: .*step-0000001 is of run \S+, which is not in the store "
+                                          r"sqlite:///\S+other.db; set store.url to the run's database$"):
+        run(validate_config(elsewhere))
+    with pytest.raises(ConfigError, match=r"^resume: \S+nowhere is not a complete checkpoint folder$"):
+        run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, resume=str(tmp_path / "nowhere"))))

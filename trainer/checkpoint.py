@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.config import ConfigError
+
 PREFIX = "step-"
 
 
@@ -44,7 +46,7 @@ def complete(output_dir: Path) -> list[Path]:
 
 
 def find(output_dir: Path, resume: str) -> Path | None:
-    """The checkpoint to resume from: none, the newest (``auto``), or an explicit folder."""
+    """The checkpoint to resume from: none, the newest in ``output_dir`` (``auto``), or an explicit folder."""
     if resume == "never":
         return None
     if resume == "auto":
@@ -52,8 +54,14 @@ def find(output_dir: Path, resume: str) -> Path | None:
         return found[-1] if found else None
     path = Path(resume)
     if not (path / "trainer_state.pt").exists():
-        raise FileNotFoundError(f"resume: {path} is not a complete checkpoint folder")
+        raise ConfigError(f"resume: {path} is not a complete checkpoint folder")
     return path
+
+
+def run_folder(checkpoint: Path) -> Path | None:
+    """The run folder a checkpoint was saved in (``<run>/checkpoints/step-…``), where the run's
+    SFT model, metrics and default SQLite store live; None for a checkpoint moved elsewhere."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
 def load(path: Path, model, optimizer, lr_schedule) -> dict[str, Any]:

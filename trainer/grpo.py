@@ -34,7 +34,7 @@ from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
 from trainer.batch import (StepBatch, chunk_seed, concat, generation_chunks, rollout_on_cpu, shrink_counts,
                            varied_groups)
-from trainer.config import PalestraConfig
+from trainer.config import ConfigError, PalestraConfig
 from trainer.evaluate import Hits, evaluate, format_eval, heldout_tasks, paired_gain_interval, summarise
 from trainer.health import HealthMonitor
 from trainer.losses import grpo_loss, group_advantages
@@ -68,6 +68,11 @@ class GRPORecipe:
         # Domains first: an unknown or broken plugin fails before anything heavy happens.
         self.domains = load_all(cfg.domains, cfg.domain_options)
         seed_everything(cfg.seed)
+        latest = self.world.broadcast(checkpoint.find(self.output_dir, cfg.resume) if self.world.is_main else None)
+        if latest is not None:
+            # a resumed run goes on in its own folder (Hydra gives every launch a new one): the SFT
+            # model that anchors the KL, the default SQLite store and the metrics are there
+            self.output_dir = checkpoint.run_folder(latest) or self.output_dir
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.device = self.world.place(pick_device(cfg.model.device))
         if self.device.type == "cpu":
@@ -95,7 +100,6 @@ class GRPORecipe:
             policy=cfg.policy, difficulty=cfg.difficulty, prompts_per_step=cfg.trainer.prompts_per_step,
             seed=cfg.seed, store=self.store, write_behind=True,  # the database write overlaps training
         )
-        latest = self.world.broadcast(checkpoint.find(self.output_dir, cfg.resume) if self.world.is_main else None)
         if latest is not None:
             self._resume(latest)
         elif self.world.is_main:
@@ -113,10 +117,16 @@ class GRPORecipe:
         state = checkpoint.load(path, self.model, self.optimizer, self.lr_schedule)
         self._engine_stale = True
         self.start_step = state["step"]
-        self.run_id = state["run_id"]
         if not self.world.is_main:  # a replica needs the model, optimizer and schedule; rank 0 the rest
+            self.run_id = state["run_id"]
             return
         assert self.store is not None
+        try:
+            self.store.run(state["run_id"])
+        except KeyError:
+            raise ConfigError(f"resume: {path} is of run {state['run_id']}, which is not in the store "
+                              f"{self.store.safe_url}; set store.url to the run's database") from None
+        self.run_id = state["run_id"]
         # Steps after the checkpoint are redone; their rows must not count twice. Steps the store
         # could not take before the checkpoint travel in it and are written now.
         self.store.discard_after(self.run_id, self.start_step)
@@ -162,8 +172,8 @@ class GRPORecipe:
                     if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
                         self._evaluate(step, f"held-out success at step {step}")
                     if self.world.any(stop.requested):  # SIGTERM/SIGINT: finish the step, save, leave
-                        self.save_checkpoint(step)
-                        raise KeyboardInterrupt(f"stopped by signal after step {step}; resume with resume=auto")
+                        path = self.save_checkpoint(step)
+                        raise KeyboardInterrupt(f"stopped by signal after step {step}; resume with resume={path}")
                     if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                         self.save_checkpoint(step)
             self._evaluate(cfg.trainer.steps, "held-out success after GRPO", keep="after")
@@ -410,7 +420,7 @@ class GRPORecipe:
         path = self.save_checkpoint(step, unwritten=unwritten)
         raise StoreUnavailable(
             f"the stats store is unreachable ({' '.join(str(exc).split())[:300]}); saved checkpoint {path} "
-            f"with {len(unwritten)} unwritten step(s); fix the store, then run again with resume=auto"
+            f"with {len(unwritten)} unwritten step(s); fix the store, then run again with resume={path}"
         ) from exc
 
     def save_checkpoint(self, step: int, unwritten: list[tuple] | None = None) -> Path | None:
