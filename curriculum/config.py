@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from curriculum.difficulty import CONTROLLERS, DifficultyController, LevelTable
 from curriculum.policies import POLICIES, MixingPolicy, Wrapped
@@ -128,6 +128,12 @@ class ThresholdDifficultyConfig(_DifficultyBase):
     lower_below: float = Field(0.2, ge=0, le=1)
     window: int = Field(32, ge=1, description="attempts at the current level before deciding")
 
+    @model_validator(mode="after")
+    def _lower_below_raise(self) -> "ThresholdDifficultyConfig":
+        if self.lower_below >= self.raise_above:
+            raise ValueError(f"lower_below ({self.lower_below}) must be below raise_above ({self.raise_above})")
+        return self
+
 
 class TargetDifficultyConfig(_DifficultyBase):
     type: Literal["target"] = "target"
@@ -151,6 +157,20 @@ DifficultyConfig = Annotated[
 def build_difficulty(cfg: DifficultyConfig, domain_levels: dict[str, tuple[int, ...]]) -> DifficultyController:
     params = cfg.model_dump(exclude={"type"})
     return CONTROLLERS[cfg.type](LevelTable(domain_levels), **params)
+
+
+def check_against_domains(policy: PolicyConfig, difficulty: DifficultyConfig,
+                          domain_levels: dict[str, tuple[int, ...]]) -> None:
+    """Settings that name domains or levels (pinned shares, fixed weights, start levels) must fit
+    the run's domains; a ValueError names the section, so a run can refuse them before any work."""
+    try:
+        build_policy(policy, list(domain_levels))
+    except ValueError as exc:
+        raise ValueError(f"policy: {exc}") from None
+    try:
+        build_difficulty(difficulty, domain_levels)
+    except ValueError as exc:
+        raise ValueError(f"difficulty: {exc}") from None
 
 
 # -- store -----------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from trainer.app import CONF_DIR, to_config
-from trainer.config import ConfigError
+from trainer.config import ConfigError, validate_config
 
 # The training app's groups: those its defaults list names (conf/sim and conf/experiment belong to
 # palestra-sim and are composed by its own tests).
@@ -65,6 +65,7 @@ def test_stable_keys_override():
     ("trainer.aggregation=median", "trainer.aggregation: Input should be 'seq_mean', 'token_mean' or 'constant'"),
     ("policy.floor=-0.5", "policy.floor:"),
     ("model=hf", "model: Value error, model.name_or_path is required when model.type is hf"),
+    ("difficulty.lower_below=0.8", "difficulty: Value error, lower_below (0.8) must be below raise_above (0.7)"),
 ])
 def test_bad_values_fail_in_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError) as info:
@@ -72,3 +73,22 @@ def test_bad_values_fail_in_one_line_naming_the_key(override, message):
     text = str(info.value)
     assert "\n" not in text
     assert text.startswith(message), text
+
+
+@pytest.mark.parametrize("section,message", [
+    ({"policy": {"type": "learnability", "pinned": {"arithmetc": 0.5}}},
+     "policy: pinned share: unknown domain 'arithmetc'; did you mean 'arithmetic'?"),
+    ({"policy": {"type": "fixed", "weights": {"arithmetic": 1.0, "fractionz": 1.0}}},
+     "policy: fixed weights: unknown domain 'fractionz'; did you mean 'fractions'?"),
+    ({"difficulty": {"type": "threshold", "start_levels": {"arithmetic": 9}}},
+     "difficulty: domain 'arithmetic' has no level 9"),
+])
+def test_settings_that_name_domains_or_levels_are_checked_before_any_work(tmp_path, section, message):
+    from trainer.grpo import GRPORecipe
+
+    raw = {"domains": ["arithmetic", "fractions"], "policy": {"type": "learnability"},
+           "difficulty": {"type": "threshold"}, "output_dir": str(tmp_path / "run"), **section}
+    with pytest.raises(ConfigError) as info:
+        GRPORecipe(validate_config(raw)).setup()
+    assert str(info.value) == message
+    assert not (tmp_path / "run").exists()  # no model, no store, no run row

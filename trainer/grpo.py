@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from curriculum.config import check_against_domains
 from curriculum.prompts import PromptSelector
 from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.store import StatsStore, StoreUnavailable
@@ -67,6 +68,10 @@ class GRPORecipe:
         self.world = distributed.init()  # one process, or this rank of a torchrun launch
         # Domains first: an unknown or broken plugin fails before anything heavy happens.
         self.domains = load_all(cfg.domains, cfg.domain_options)
+        try:
+            check_against_domains(cfg.policy, cfg.difficulty, {n: tuple(d.levels) for n, d in self.domains.items()})
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         seed_everything(cfg.seed)
         latest = self.world.broadcast(checkpoint.find(self.output_dir, cfg.resume) if self.world.is_main else None)
         if latest is not None:
