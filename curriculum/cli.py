@@ -15,7 +15,10 @@ import argparse
 import json
 import random
 import sys
+from pathlib import Path
 from typing import Any, Callable
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from domains.api import Task
 from domains.registry import DomainError, available, load
@@ -25,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (DomainError, KeyError, FileNotFoundError, ValueError) as exc:
+    except (DomainError, KeyError, FileNotFoundError, ValueError, SQLAlchemyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {' '.join(str(message).split())[:300]}", file=sys.stderr)
         return 2
 
 
@@ -86,8 +89,16 @@ def _parser() -> argparse.ArgumentParser:
 
 # -- store views --------------------------------------------------------------------------------------
 def _open_store(url: str):
+    """The store behind ``url``; a SQLite file must exist already (these commands only read, and a
+    mistyped path would otherwise be created, empty)."""
+    from sqlalchemy.engine import make_url
+
     from curriculum.store import StatsStore
 
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        if not Path(parsed.database).is_file():
+            raise FileNotFoundError(f"no database at {parsed.database}")
     return StatsStore(url)
 
 

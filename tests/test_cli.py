@@ -54,6 +54,18 @@ def test_stats_unknown_run_is_a_clear_error(store_url, capsys):
     assert "matches 0 runs" in capsys.readouterr().err
 
 
+def test_reading_a_missing_or_broken_database_fails_in_one_line_and_creates_nothing(tmp_path, capsys):
+    missing = tmp_path / "typo.db"
+    assert main(["runs", "--db", f"sqlite:///{missing}"]) == 2
+    assert capsys.readouterr().err == f"error: no database at {missing}\n"
+    assert not missing.exists()
+    broken = tmp_path / "notes.db"
+    broken.write_text("not a database\n" * 100)
+    assert main(["stats", "--db", f"sqlite:///{broken}", "--run", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: (sqlite3.DatabaseError) file is not a database") and err.count("\n") == 1
+
+
 def test_domains_lists_builtins(capsys):
     assert main(["domains", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
