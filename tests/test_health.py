@@ -45,6 +45,36 @@ def test_a_large_fall_below_the_best_evaluation_is_flagged_whatever_the_reward()
     assert HealthMonitor(HealthConfig(heldout_drop_max=None)).after_eval(0.1) == []
 
 
+def test_the_alarms_survive_a_checkpoint_round_trip():
+    import torch
+
+    before = HealthMonitor(HealthConfig(heldout_drop_max=0.1))
+    for _ in range(5):
+        before.after_step({"loss": 0.0, "reward/mean": 0.3})
+    before.after_eval(0.731)
+    saved = torch.load(_saved(before.state_dict()), weights_only=False)  # as checkpoints store it
+    resumed = HealthMonitor(HealthConfig(heldout_drop_max=0.1))
+    resumed.load_state_dict(saved)
+    for _ in range(5):
+        resumed.after_step({"loss": 0.0, "reward/mean": 0.5})
+    alarms = resumed.after_eval(0.544)
+    assert len(alarms) == 2  # forgetting (0.187 below 0.731) and reward 0.3 -> 0.4 up while held-out fell
+    assert "below its best (0.731)" in alarms[1] and "0.300 -> 0.400" in alarms[0]
+    resumed.forget_evaluations()  # other held-out tasks: no yardstick left
+    assert resumed.after_eval(0.1) == []
+
+
+def _saved(state: dict):
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
 def test_console_tables_fit_long_domain_names():
     from trainer.evaluate import format_eval
     from trainer.metrics import domain_table

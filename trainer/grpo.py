@@ -144,12 +144,15 @@ class GRPORecipe:
         self.tasks.selector.load_state_dict(state["selector"])
         checkpoint.restore_rng(state["rng"])
         self.history = state.get("history", {})
+        if "health" in state:  # checkpoints from before the alarms were saved start them afresh
+            self.health.load_state_dict(state["health"])
         self.heldout_hits = state.get("heldout_hits", {})
         if state.get("heldout_ids") != [t.id for t in self.heldout]:
             # eval settings or domains changed since the checkpoint: the evaluation before GRPO was
             # of other tasks, so nothing after can be compared with it
             self.history.pop("before", None)
             self.heldout_hits = {}
+            self.health.forget_evaluations()
 
     # -- train ------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -442,6 +445,7 @@ class GRPORecipe:
                    "unwritten": unwritten or [], "tasks": self.tasks.state_dict(),
                    "selector": self.tasks.selector.state_dict(),
                    "rng": checkpoint.capture_rng(), "history": self.history, "heldout_hits": self.heldout_hits,
+                   "health": self.health.state_dict(),
                    "heldout_ids": [t.id for t in self.heldout]},
         )
 

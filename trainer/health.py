@@ -32,6 +32,19 @@ class HealthMonitor:
         self.last_eval: tuple[float, float | None] | None = None
         self.best_macro: float | None = None
 
+    def state_dict(self) -> dict:
+        return {"rewards": list(self.rewards), "last_eval": self.last_eval, "best_macro": self.best_macro}
+
+    def load_state_dict(self, state: dict) -> None:
+        """What a checkpoint saved; the alarms then compare with evaluations from before the resume."""
+        self.rewards.extend(state["rewards"])
+        self.last_eval = tuple(state["last_eval"]) if state["last_eval"] is not None else None
+        self.best_macro = state["best_macro"]
+
+    def forget_evaluations(self) -> None:
+        """The held-out tasks changed: earlier evaluations are no yardstick for later ones."""
+        self.last_eval, self.best_macro = None, None
+
     def after_step(self, metrics: dict) -> list[str]:
         alarms = []
         loss = metrics.get("loss", 0.0)
