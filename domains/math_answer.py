@@ -36,6 +36,7 @@ import functools
 import math
 import re
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,10 +168,23 @@ def _parse(text: str, timeout_s: int | None, boxed_only: bool) -> tuple[Any, ...
     targets = [LatexExtractionConfig(boxed_match_priority=0)]
     if not boxed_only:
         targets.append(ExprExtractionConfig())
+    start = time.monotonic()
     try:
-        return tuple(parse(text, extraction_config=targets, parsing_timeout=timeout_s, raise_on_error=True))
+        parsed = tuple(parse(text, extraction_config=targets, parsing_timeout=timeout_s, raise_on_error=True))
     except Exception:  # TimeoutException is a BaseException and is not caught here
-        return ()
+        parsed = ()
+    _raise_if_outlived(start, timeout_s)
+    return parsed
+
+
+def _raise_if_outlived(start: float, timeout_s: int | None) -> None:
+    """A math-verify call that outlived its alarm was interrupted, even when it returned: the
+    TimeoutException lands wherever the signal finds the parser, sometimes inside a handler that
+    swallows it and lets a half-done result through."""
+    from math_verify.errors import TimeoutException
+
+    if timeout_s is not None and time.monotonic() - start >= timeout_s:
+        raise TimeoutException(f"outlived its {timeout_s}s alarm")
 
 
 def _boxed(answer: str) -> str:
@@ -196,11 +210,14 @@ def answers_match(gold: tuple[Any, ...], pred: tuple[Any, ...], timeout_s: int |
 
     for g in gold:
         for p in pred:
+            start = time.monotonic()
             try:
-                if verify(g, p, timeout_seconds=timeout_s, raise_on_error=True):
-                    return True
+                equal = verify(g, p, timeout_seconds=timeout_s, raise_on_error=True)
             except Exception:
-                continue
+                equal = False
+            _raise_if_outlived(start, timeout_s)
+            if equal:
+                return True
     return False
 
 

@@ -180,6 +180,22 @@ def test_math_verify_timeout_becomes_timeout_status(completion: str) -> None:
     assert time.monotonic() - start < 20
 
 
+def test_a_parse_that_outlives_its_alarm_is_a_timeout_even_if_it_returns(monkeypatch) -> None:
+    """Where math-verify's alarm lands is a matter of timing; a handler inside the parser can
+    swallow it and return a half-done parse. A call that outlived its alarm counts as timed out."""
+    import math_verify
+
+    real_parse = math_verify.parse
+
+    def slow_parse(text, **kwargs):
+        time.sleep(1.2)  # the alarm fired (and was swallowed) in here
+        return real_parse(text, **kwargs)
+
+    monkeypatch.setattr(math_verify, "parse", slow_parse)
+    assert grade_answer(r"\boxed{8}", "7", MathConfig(sympy_timeout_s=1)).status == Status.TIMEOUT
+    assert grade_answer(r"\boxed{8}", "7", MathConfig(sympy_timeout_s=5)).status == WRONG
+
+
 def _task(answer: str) -> Task:
     return Task(domain="arithmetic", level=1, prompt=user_prompt("huge="), payload={"answer": answer})
 
