@@ -9,10 +9,11 @@ Three test formats, detected from the fields of each dataset row and normalised 
   the expected values and cannot hand ``check`` an object whose ``==`` always says yes.
 * ``call`` — ``fn_name`` plus input/output pairs (APPS call-based rows, or ``tests: [{input,
   output}]``): each input is an argument list, the return value comes back as plain data and is
-  compared here.
+  compared here (integers exactly, floats with a tolerance). A LeetCode-style row's entry is a
+  method of ``class Solution``; ``typing`` names are imported for it, as that judge does.
 * ``stdio`` — ``input_output: {inputs, outputs}`` without ``fn_name`` (APPS / CodeContests): one
-  fresh sandbox per case, stdout compared here line by line after stripping trailing space, numbers
-  with a tolerance.
+  fresh sandbox per case, stdout compared here line by line after stripping trailing space,
+  integer tokens exactly and other numbers with a tolerance.
 
 Statuses: ``format_error`` (no code, syntax error, entry point never defined), ``timeout`` (wall clock or CPU), ``error`` (the
 program failed to load or its process died), ``sandbox_violation`` (output cap exceeded, or garbage
@@ -89,12 +90,27 @@ def defines(code: str, name: str) -> bool:
 
 
 def assemble(completion: str, payload: dict[str, Any]) -> str:
-    """The program to run: the extracted code, after the task's prompt code when it lacks the entry."""
+    """The program to run: the task's prompt code, then the extracted code.
+
+    A completion that continues the prompt (HumanEval's convention) is appended as is. One that
+    writes the whole function still runs after a prompt that is a complete program (HumanEval's:
+    imports, helpers, a signature with a docstring), whose imports it may use; its definition
+    replaces the prompt's. An incomplete starter (APPS's ``class Solution`` stub) is left out."""
     code = extract_code(completion)
-    entry = payload.get("entry_point")
-    if entry and payload.get("prompt_code") and not defines(code, entry):
-        code = payload["prompt_code"] + code  # HumanEval convention: completion continues the prompt
-    return code
+    prompt_code = payload.get("prompt_code") or ""
+    if not (payload.get("entry_point") and prompt_code):
+        return code
+    if not defines(code, payload["entry_point"]):
+        return prompt_code + code
+    return prompt_code.rstrip("\n") + "\n\n\n" + code if _compiles(prompt_code) else code
+
+
+def _compiles(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 # -- comparing plain data -------------------------------------------------------------------------
@@ -102,6 +118,8 @@ def values_match(got: Any, expected: Any, tol: float = 1e-6) -> bool:
     """Equality for data that crossed JSON: bool is not int, tuples equal lists, floats with tolerance."""
     if isinstance(expected, bool) or isinstance(got, bool):
         return type(got) is type(expected) and got == expected
+    if isinstance(expected, int) and isinstance(got, int):
+        return got == expected  # exact: a relative tolerance would let 10**9 + 8 pass for 10**9 + 7
     if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
         if isinstance(expected, float) and math.isnan(expected):
             return isinstance(got, float) and math.isnan(got)
@@ -125,7 +143,8 @@ def call_output_matches(got: Any, expected: Any) -> bool:
 
 
 def stdout_matches(got: str, expected: str, tol: float = 1e-6) -> bool:
-    """Line by line after stripping trailing space; tokens that both parse as numbers within ``tol``."""
+    """Line by line after stripping trailing space; integer tokens equal as integers, other
+    tokens that both parse as numbers within ``tol``."""
     got_lines, want_lines = _lines(got), _lines(expected)
     if len(got_lines) != len(want_lines):
         return False
@@ -144,6 +163,12 @@ def _tokens_match(got: str, want: str, tol: float) -> bool:
     for a, b in zip(g, w):
         if a == b:
             continue
+        try:
+            if int(a) != int(b):
+                return False
+            continue
+        except ValueError:
+            pass  # not both integers
         try:
             x, y = float(a), float(b)
         except ValueError:
@@ -253,10 +278,14 @@ def _start(config: CodeConfig, code: str, entry: str, outcome: _Outcome) -> _Cal
     return None
 
 
+# LeetCode-style starters annotate with List, Optional, …, which that judge imports for them
+CALL_PREAMBLE = "from typing import *\n"
+
+
 def run_call_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Outcome:
     cases = payload["cases"][: config.max_tests]
     outcome = _Outcome(len(cases))
-    caller = _start(config, code, payload["entry_point"], outcome)
+    caller = _start(config, CALL_PREAMBLE + code, payload["entry_point"], outcome)
     if caller is None:
         return outcome
     for case in cases:

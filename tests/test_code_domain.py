@@ -88,10 +88,40 @@ def test_extract_code(completion, code):
     assert extract_code(completion) == code
 
 
-def test_prompt_is_prepended_only_when_the_entry_point_is_missing():
-    payload = {"entry_point": "g", "prompt_code": "def g(x):\n    '''doc'''\n"}
-    assert assemble("    return x\n", payload) == "def g(x):\n    '''doc'''\n    return x"
-    assert assemble("```python\ndef g(x):\n    return 2\n```", payload) == "def g(x):\n    return 2"
+def test_a_complete_prompt_runs_before_the_completion_and_an_incomplete_starter_only_when_continued():
+    payload = {"entry_point": "g", "prompt_code": "import math\n\n\ndef g(x):\n    '''doc'''\n"}
+    assert assemble("    return x\n", payload) == "import math\n\n\ndef g(x):\n    '''doc'''\n    return x"
+    # a whole function still gets the prompt's imports; its definition replaces the prompt's
+    assert assemble("```python\ndef g(x):\n    return 2\n```", payload) == (
+        "import math\n\n\ndef g(x):\n    '''doc'''\n\n\ndef g(x):\n    return 2")
+    starter = {"entry_point": "f", "prompt_code": "class Solution:\n    def f(self, a):\n        "}
+    assert assemble("return a\n", starter) == "class Solution:\n    def f(self, a):\n        return a"
+    whole = "class Solution:\n    def f(self, a):\n        return a"
+    assert assemble(whole, starter) == whole  # the stub alone would not compile
+
+
+def test_humaneval_full_function_may_use_the_prompts_imports(dataset):
+    task = dataset.tasks[0]  # its signature uses List, imported by the prompt only
+    full = ("```python\ndef has_close(numbers: List[float], threshold: float) -> bool:\n"
+            "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```")
+    assert dataset.verify(task, full).status is Status.OK
+
+
+def test_leetcode_style_rows_call_the_method_of_solution(tmp_path):
+    starter = "class Solution:\n    def twoSum(self, nums: List[int], t: int) -> List[int]:\n        "
+    row = {"question": "two sum", "starter_code": starter,
+           "input_output": {"fn_name": "twoSum", "inputs": [[[2, 7, 11, 15], 9], [[3, 3], 6]],
+                            "outputs": [[0, 1], [0, 1]]}}
+    path = tmp_path / "leetcode.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    domain = registry.load("code_dataset", {"path": str(path), **FAST})
+    [task] = domain.tasks
+    body = ("seen = {}\n        for i, x in enumerate(nums):\n            if t - x in seen:\n"
+            "                return [seen[t - x], i]\n            seen[x] = i\n")
+    assert domain.verify(task, body).status is Status.OK  # continues the starter
+    assert domain.verify(task, "```python\n" + starter + body + "```").status is Status.OK  # repeats it
+    wrong = "```python\nclass Solution:\n    def twoSum(self, nums, t):\n        return [1, 0]\n```"
+    assert domain.verify(task, wrong).status is Status.WRONG
 
 
 # -- comparisons ----------------------------------------------------------------------------------
@@ -99,6 +129,7 @@ def test_prompt_is_prepended_only_when_the_entry_point_is_missing():
     (1, 1, True), (True, 1, False), (1, True, False), (False, False, True), (0.1 + 0.2, 0.3, True),
     (2, 2.0, True), ((1, 2), [1, 2], True), ([1, [2]], [1, (2,)], True), (float("nan"), 1.0, False),
     ({1: "a"}, {"1": "a"}, True), ({"a": 1}, {"a": True}, False), ("1", 1, False), (None, 0, False),
+    (10**9 + 8, 10**9 + 7, False), (2**70 + 1, 2**70, False), (2**70, 2**70, True),  # integers are exact
 ])
 def test_values_match(got, expected, same):
     assert values_match(got, expected) is same
@@ -107,6 +138,7 @@ def test_values_match(got, expected, same):
 @pytest.mark.parametrize("got, want, same", [
     ("3\n1.5\n", "3\n1.5", True), ("3  \n1.5000000001\n\n", "3\n1.5\n", True), ("3\n", "3\n1.5\n", False),
     ("1 2", "1  2", True), ("yes", "Yes", False), ("", "", True), ("0.3001", "0.3", False), ("1e-9", "0", True),
+    ("999999000 5", "999999999 5", False), ("1000000008", "1000000007", False), ("007", "7", True),
 ])
 def test_stdout_matches(got, want, same):
     assert stdout_matches(got, want) is same
