@@ -175,6 +175,11 @@ class MathDataset(MathAnswerDomain):
         for row in rows:
             split = self._heldout if is_heldout(row.key, config.heldout_fraction) else self._train
             split.setdefault(row.level, []).append(row)
+        untrainable = sorted(set(self._heldout) - set(self._train))
+        if untrainable:  # the difficulty controller would reach it and find nothing to train on
+            level = untrainable[0]
+            raise DatasetError(f"{config.path}: every row of level {level} ({len(self._heldout[level])}) is held out; "
+                               "add rows at that level or lower heldout_fraction")
 
     def _load(self, path: Path) -> list[Row]:
         rows = []

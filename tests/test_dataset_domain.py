@@ -198,12 +198,14 @@ def test_empty_file(tmp_path: Path) -> None:
         _load(path)
 
 
-def test_level_entirely_held_out(tmp_path: Path) -> None:
-    rows = [{"id": "a", "prompt": "1+1=", "answer": "2"}]
-    domain = _load(_jsonl(tmp_path / "one.jsonl", rows), heldout_fraction=0.999999)
-    assert len(domain.heldout(1, 5, seed=0)) == 1
-    with pytest.raises(DatasetError, match="every row of level 1 is held out"):
-        domain.sample(1, 1, random.Random(0))
+def test_a_level_entirely_held_out_fails_at_load_not_when_the_curriculum_reaches_it(tmp_path: Path) -> None:
+    held = next(f"r{i}" for i in range(1000) if is_heldout(f"r{i}", 0.1))
+    kept = [f"r{i}" for i in range(1000) if not is_heldout(f"r{i}", 0.1)][:20]
+    rows = [{"id": key, "prompt": f"{key}=", "answer": "1", "level": 1} for key in kept]
+    rows.append({"id": held, "prompt": "x=", "answer": "2", "level": 2})  # the only row of level 2
+    with pytest.raises(DatasetError, match=r"every row of level 2 \(1\) is held out; add rows at that level"):
+        _load(_jsonl(tmp_path / "levels.jsonl", rows))
+    assert _load(_jsonl(tmp_path / "levels.jsonl", rows), heldout_fraction=0.0).levels == (1, 2)
 
 
 def test_unknown_option_is_rejected(jsonl: Path) -> None:
