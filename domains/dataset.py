@@ -32,7 +32,7 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 
 class DatasetConfig(MathConfig):
     path: str | None = None  # required before the domain can sample
-    name: str | None = None  # a different domain name, e.g. to load two files side by side
+    name: str | None = None  # the domain's name in the run (two files: two named instances, README)
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     default_level: int = 1

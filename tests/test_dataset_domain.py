@@ -228,3 +228,17 @@ def test_parquet_levels_written_as_floats(tmp_path: Path) -> None:
     bad = _parquet(tmp_path / "half.parquet", [{"prompt": "1+1=", "answer": "2", "level": 1.5}])
     with pytest.raises(DatasetError, match="half.parquet:1: level must be an integer"):
         _load(bad)
+
+
+def test_two_files_side_by_side_as_named_instances_of_a_user_module(tmp_path: Path, monkeypatch) -> None:
+    first = _jsonl(tmp_path / "a.jsonl", [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(20)])
+    second = _jsonl(tmp_path / "b.jsonl", [{"prompt": f"{i}*2=", "answer": str(2 * i), "level": 2} for i in range(20)])
+    (tmp_path / "mysets.py").write_text(
+        "from domains.dataset import MathDataset\n"
+        f"GSM = MathDataset(path={str(first)!r}, name='gsm')\n"
+        f"EXTRA = MathDataset(path={str(second)!r}, name='extra')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = registry.load_all(["mysets:GSM", "mysets:EXTRA"], {"extra": {"heldout_fraction": 0.0}})
+    assert {name: d.levels for name, d in loaded.items()} == {"gsm": (1,), "extra": (2,)}
+    assert all("+" in t.prompt[-1]["content"] for t in loaded["gsm"].sample(1, 5, random.Random(0)))
+    assert len(loaded["extra"].heldout(2, 50, seed=0)) == 0  # its own options, not gsm's
