@@ -180,6 +180,9 @@ def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "unif
         target = round(0.9 * float(np.mean(base_final)), 3)
     scored: dict[str, dict[int, dict]] = {}
     for c in cut:
+        if c.seed in scored.get(c.label, {}):  # pairs by seed would silently drop or mix runs
+            raise ValueError(f"sweep {sweep_id!r} has two {c.label!r} runs with seed {c.seed}: runs are told apart "
+                             "by policy and seed only, so sweep one other setting per sweep")
         scored.setdefault(c.label, {})[c.seed] = run_metrics(c, target, mastery)
     if baseline not in scored:
         raise ValueError(f"sweep {sweep_id!r} has no {baseline!r} runs to compare with "

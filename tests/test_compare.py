@@ -56,6 +56,10 @@ def test_budget_matching_and_paired_differences():
     assert list(cmp.policies) == ["uniform", "sec"]
     with pytest.raises(ValueError, match="no 'uniform' runs"):
         compare_curves([r for r in runs if r.label == "sec"], "sw")
+    # a sweep over another setting too (say two difficulty controllers per policy and seed) would
+    # pair runs that differ in more than the policy: refused, not half dropped
+    with pytest.raises(ValueError, match="two 'uniform' runs with seed 0: runs are told apart by policy and seed"):
+        compare_curves(runs + [curves("uniform", 0, np.linspace(0.2, 0.6, 10))], "sw")
 
 
 @pytest.fixture()
