@@ -205,6 +205,9 @@ def test_bad_values_fail_in_one_line():
         to_config(composed("sim.steps=0", "store.url=sqlite://", "output_dir=x"))
     with pytest.raises(SimConfigError, match=r"^policy\.temprature: Extra inputs"):
         to_config(composed("policy=sec", "+policy.temprature=1", "store.url=sqlite://", "output_dir=x"))
+    # a cluster of one has no members: every effect would have piled onto domain 0
+    with pytest.raises(SimConfigError, match=r"^sim\.cluster_size: Input should be greater than or equal to 2"):
+        to_config(composed("sim.cluster_size=1", "store.url=sqlite://", "output_dir=x"))
 
 
 def test_multirun_derives_a_shared_sweep_id_and_database(tmp_path):

@@ -38,7 +38,8 @@ class ScenarioConfig(_Strict):
     lr: float = Field(0.01, ge=0, description="median theta gain per group at mean |A| = 1")
     lr_spread: float = Field(0.5, ge=0, description="std of log lr across domains")
     # effects
-    cluster_size: int = Field(10, ge=1, description="domains per transfer cluster")
+    cluster_size: int = Field(10, ge=2, description="domains per transfer cluster: a plain foundation and the "
+                                                    "domains that may depend on it")
     transfer_pos: float = Field(0.15, ge=0, description="largest positive transfer inside a cluster")
     transfer_pos_density: float = Field(0.5, ge=0, le=1, description="share of in-cluster pairs that transfer")
     transfer_neg: float = Field(0.0, ge=0, description="largest negative transfer between clusters")

@@ -92,7 +92,7 @@ def _draw_kinds(cfg: ScenarioConfig, rng: np.random.Generator) -> np.ndarray:
     """Assign effects to domains; the first domain of each cluster stays plain (a foundation)."""
     n = cfg.domains
     kind = np.zeros(n, dtype=np.int64)
-    candidates = np.array([i for i in range(n) if i % cfg.cluster_size != 0] or [0])
+    candidates = np.array([i for i in range(n) if i % cfg.cluster_size != 0], dtype=np.int64)
     order = rng.permutation(candidates)
     start = 0
     for name, share in (("unlearnable", cfg.unlearnable_share), ("noisy", cfg.noisy_share),
