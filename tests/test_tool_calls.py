@@ -36,6 +36,7 @@ def test_plain_text_has_no_calls():
     ('<tool_call>{"name":"mul","arguments":{"a":1,"a":2,"b":3}}</tool_call>', "duplicate key"),
     ('<tool_call>{"name":"mul","name":"add","arguments":{}}</tool_call>', "duplicate key"),
     ('<tool_call>{"name":"mul","arguments":{"a":NaN,"b":1}}</tool_call>', "not JSON"),
+    ('<tool_call>{"name":"mul","arguments":{"a":1e999,"b":1}}</tool_call>', "out of range"),  # would be inf
     ('<tool_call>{"name":"mul","arguments":{"a":1}} trailing</tool_call>', "invalid JSON"),
     ('<tool_call>{"name":"mul"}</tool_call>', "exactly the keys"),
     ('<tool_call>{"name":"mul","arguments":{},"id":1}</tool_call>', "exactly the keys"),

@@ -15,6 +15,7 @@ Text outside the tags is ignored here; the environment decides what a turn witho
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,13 @@ def _reject_constant(name: str) -> Any:
     raise CallFormatError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 is valid JSON syntax but overflows to inf
+        raise CallFormatError(f"number {text[:40]} is out of range")
+    return value
+
+
 def _depth(value: Any, limit: int = MAX_DEPTH) -> int:
     """Nesting depth, stopping early once past ``limit`` (json's own recursion limit is ~1000)."""
     if limit < 0:
@@ -78,7 +86,7 @@ def loads_strict(text: str, max_chars: int = MAX_CALL_CHARS) -> Any:
         raise CallFormatError(f"JSON longer than {max_chars} characters")
     try:
         value = json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_bounded_int,
-                           parse_constant=_reject_constant)
+                           parse_float=_finite_float, parse_constant=_reject_constant)
     except CallFormatError:
         raise
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
