@@ -304,13 +304,20 @@ class StatsStore:
         run_id = str(uuid.uuid4())
         row = dict(id=run_id, name=name, sweep_id=sweep_id, config=config, seed=int(seed),
                    status="running", started_at=_now(), finished_at=None, last_step=-1)
-        with self.engine.begin() as conn:
-            conn.execute(insert(RunRow), [row])
+
+        def insert_run() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(insert(RunRow), [row])
+
+        self._retrying("starting a run", insert_run)
         return run_id
 
     def finish_run(self, run_id: str, status: str = "finished") -> None:
-        with self.engine.begin() as conn:
-            conn.execute(update(RunRow).where(RunRow.id == run_id).values(status=status, finished_at=_now()))
+        def mark() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(update(RunRow).where(RunRow.id == run_id).values(status=status, finished_at=_now()))
+
+        self._retrying(f"marking run {run_id} {status}", mark)
 
     def runs(self) -> list[dict]:
         cols = (RunRow.id, RunRow.name, RunRow.sweep_id, RunRow.status, RunRow.seed,
@@ -430,13 +437,30 @@ class StatsStore:
     def discard_after(self, run_id: str, step: int) -> int:
         """Delete every step after ``step`` (a resume from a checkpoint taken at ``step`` redoes
         them); returns how many result rows went. One transaction."""
-        with self.engine.begin() as conn:
-            gone = conn.execute(select(func.count()).select_from(ResultRow).where(
-                ResultRow.run_id == run_id, ResultRow.step > step)).scalar() or 0
-            for table in _STEP_TABLES:
-                conn.execute(delete(table).where(table.run_id == run_id, table.step > step))
-            conn.execute(update(RunRow).where(RunRow.id == run_id).values(last_step=step, status="running"))
-        return int(gone)
+        def discard() -> int:
+            with self.engine.begin() as conn:
+                gone = conn.execute(select(func.count()).select_from(ResultRow).where(
+                    ResultRow.run_id == run_id, ResultRow.step > step)).scalar() or 0
+                for table in _STEP_TABLES:
+                    conn.execute(delete(table).where(table.run_id == run_id, table.step > step))
+                conn.execute(update(RunRow).where(RunRow.id == run_id).values(last_step=step, status="running"))
+            return int(gone)
+
+        return self._retrying(f"discarding steps after {step}", discard)
+
+    def merge_metrics(self, run_id: str, step: int, values: dict) -> None:
+        """Add ``values`` to the metrics stored for (run_id, step), creating the row if needed
+        (held-out evaluations land on the step they followed, or on step 0 before training)."""
+        def merge() -> None:
+            with self.engine.begin() as conn:
+                where = (MetricRow.run_id == run_id, MetricRow.step == step)
+                stored = conn.execute(select(MetricRow.values).where(*where)).scalar()
+                if stored is None:
+                    conn.execute(insert(MetricRow), [{"run_id": run_id, "step": step, "values": _plain(values)}])
+                else:
+                    conn.execute(update(MetricRow).where(*where).values(values={**stored, **_plain(values)}))
+
+        self._retrying(f"writing the metrics of step {step}", merge)
 
     # -- reads --------------------------------------------------------------------------------
     def results(self, run_id: str, step: int | None = None) -> list[dict]:
@@ -512,13 +536,17 @@ class StatsStore:
         totals of every prompt involved are recomputed from ``prompt_steps``.
         """
         rows = [{"run_id": run_id, "step": int(step), **d} for d in deltas]
+        self._retrying(f"writing the prompt statistics of step {step}",
+                       lambda: self._write_prompt_step_once(run_id, step, rows))
+
+    def _write_prompt_step_once(self, run_id: str, step: int, rows: list[dict]) -> None:
         with self.engine.begin() as conn:
             stale = _stale_prompts(conn, run_id, step)
             if stale:
                 conn.execute(delete(PromptStepRow).where(PromptStepRow.run_id == run_id,
                                                          PromptStepRow.step >= step))
             self._bulk_insert(conn, PromptStepRow, rows)
-            touched = {(d["domain"], d["task_id"]) for d in deltas}
+            touched = {(r["domain"], r["task_id"]) for r in rows}
             if stale:
                 totals = _prompt_totals_from_steps(conn, run_id, touched | stale)
             else:

@@ -87,3 +87,37 @@ def test_cli_compare_table_and_json(sweep_db, capsys):
     assert "target macro 0.200" in table and table.count("\n") == 4
     assert main(["compare", "--db", sweep_db, "--sweep", "nope"]) == 2
     assert "no finished runs" in capsys.readouterr().err
+
+
+def test_a_training_sweep_compares_from_its_held_out_evaluations(tmp_path, capsys):
+    # two real GRPO runs (tiny model) of one sweep: their held-out evaluations go to the store
+    # under the keys the simulator writes, so `palestra compare` and `report` read them alike
+    from trainer.app import run
+    from trainer.config import validate_config
+
+    url = f"sqlite:///{tmp_path / 'train_sweep.db'}"
+    tiny = {"type": "tiny", "tiny": {"hidden_size": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate_size": 64}}
+    for n, policy in enumerate(("uniform", "learnability")):
+        run(validate_config({
+            "name": "sweep", "seed": 0, "sweep_id": "trainsweep", "output_dir": str(tmp_path / f"run{n}"),
+            "model": tiny, "domains": ["arithmetic", "fractions"], "policy": {"type": policy},
+            "difficulty": {"type": "threshold"}, "store": {"url": url},
+            "trainer": {"steps": 2, "prompts_per_step": 4, "group_size": 2, "max_new_tokens": 8,
+                        "rollout_batch_size": 8, "micro_batch_size": 8},
+            "verifier": {"workers": 1}, "sft": {"steps": 2, "batch_size": 8},
+            "eval": {"tasks_per_level": 1, "every": 1},
+        }))
+    with StatsStore(url) as store:
+        [first, _] = store.runs()
+        stored = {r["step"]: r for r in store.metrics(first["id"]) if "heldout/macro" in r}
+    assert sorted(stored) == [0, 1, 2]  # before GRPO, after step 1, after the last step
+    assert len(stored[2]["heldout/domains"]) == 2 and 0.0 <= stored[2]["heldout/macro"] <= 1.0
+    assert "heldout/arithmetic/level1" in stored[2]
+    capsys.readouterr()  # the runs' own console output
+    assert main(["compare", "--db", url, "--sweep", "trainsweep", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["policies"]) == ["uniform", "learnability"]
+    assert out["policies"]["learnability"]["final"]["pairs"] == 1
+    assert out["budget_rollouts"] == 2 * 4 * 2  # completions generated in the two steps
+    assert main(["report", "--db", url, "--run", first["id"], "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "macro.png").exists() and (tmp_path / "report" / "heldout.png").exists()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from sqlalchemy import event, text
 
+from curriculum.prompts import step_deltas
 from curriculum.store import Base, StatsStore, StoreUnavailable, make_engine
 from curriculum.types import Outcome, Plan
 
@@ -82,6 +83,37 @@ def test_a_locked_sqlite_file_is_waited_for(tmp_path):
     store.write_step(run_id, 1, _plan(1), _outcomes(0, 1)[:10])
     assert store.count_results(run_id) == 10
     blocker.close()
+
+
+@pytest.mark.parametrize("write", ["start_run", "finish_run", "discard_after", "write_prompt_step",
+                                   "merge_metrics"])
+def test_every_write_waits_out_a_lock(tmp_path, write):
+    url = f"sqlite:///{tmp_path / 'locked.db'}"
+    store = StatsStore(url)
+    run_id = store.start_run("r", {}, seed=0)
+    store.write_step(run_id, 1, _plan(1), _outcomes(0, 1)[:10])
+    _short_busy_timeout(store, 50)
+    blocker = sqlite3.connect(tmp_path / "locked.db", isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN EXCLUSIVE")
+    threading.Timer(0.6, blocker.rollback).start()
+    deltas = step_deltas(_outcomes(0, 1)[:10])
+    actions = {
+        "start_run": lambda: store.start_run("second", {}, seed=1),
+        "finish_run": lambda: store.finish_run(run_id, "finished"),
+        "discard_after": lambda: store.discard_after(run_id, 0),
+        "write_prompt_step": lambda: store.write_prompt_step(run_id, 1, deltas),
+        "merge_metrics": lambda: store.merge_metrics(run_id, 1, {"heldout/macro": 0.5}),
+    }
+    actions[write]()
+    blocker.close()
+    after = {
+        "start_run": lambda: len(store.runs()) == 2,
+        "finish_run": lambda: store.run(run_id)["status"] == "finished",
+        "discard_after": lambda: store.count_results(run_id) == 0,
+        "write_prompt_step": lambda: len(store.prompt_stats(run_id)) == len(deltas) > 0,
+        "merge_metrics": lambda: store.metrics(run_id)[-1]["heldout/macro"] == 0.5,
+    }
+    assert after[write]()
 
 
 def test_a_store_that_stays_locked_fails_with_a_clear_error(tmp_path):

@@ -186,8 +186,9 @@ class GRPORecipe:
                         self.save_checkpoint(step)
             self._evaluate(cfg.trainer.steps, "held-out success after GRPO", keep="after")
             self.save_checkpoint(cfg.trainer.steps)
-        except StepWriteFailed as exc:
-            # raised once the step is fully applied (model and scheduler), so ``step`` is complete
+        except (StepWriteFailed, StoreUnavailable) as exc:
+            # raised once the step is applied to the model and the scheduler (a prompt selector
+            # whose store write failed skips that step's statistics), so ``step`` is complete
             self._checkpoint_unwritten(step, exc)
         return self.summary()
 
@@ -217,8 +218,24 @@ class GRPORecipe:
             self.history[keep], self.heldout_hits[keep] = metrics, hits
         self.logger.log(step, metrics, phase="eval")
         self.logger.write(format_eval(metrics, title))
+        self._store_heldout(step, metrics)
         self._alarm(step, self.health.after_eval(metrics["eval/macro"]))
         return metrics
+
+    def _store_heldout(self, step: int, metrics: dict[str, float]) -> None:
+        """The evaluation joins the step's metrics in the store, under the keys ``palestra compare``
+        and ``report`` read (the same as the simulator's), so training sweeps compare like simulated ones."""
+        assert self.store is not None and self.scheduler is not None
+        per_domain = np.array([metrics[f"eval/{name}"] for name in self.scheduler.domains])
+        worst = np.sort(per_domain)[: max(1, len(per_domain) // 10)]
+        values = {"heldout/macro": metrics["eval/macro"], "heldout/worst_decile": float(worst.mean()),
+                  "heldout/domains": np.rint(per_domain * 1000).astype(int).tolist(),
+                  **{k.replace("eval/", "heldout/", 1): v for k, v in metrics.items() if k != "eval/macro"}}
+        self.scheduler.flush()  # the step's own row first: merging into it must not race its write
+        try:
+            self.store.merge_metrics(self.run_id, step, values)
+        except StoreUnavailable as exc:  # metrics.jsonl has them; training goes on
+            self.logger.write(f"warning: held-out metrics of step {step} not stored: {' '.join(str(exc).split())[:200]}")
 
     def _alarm(self, step: int, alarms: list[str]) -> None:
         assert self.logger is not None
