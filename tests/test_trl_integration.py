@@ -185,7 +185,8 @@ def test_trl_grpo_trainer_trains_on_the_curriculum(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'palestra.db'}"
     curriculum = TRLCurriculum.build(["arithmetic", "trl_helpers:BY_LENGTH", "trl_helpers:CRASHING"], args,
                                      policy={"type": "prioritized"}, difficulty={"type": "threshold", "window": 4},
-                                     store_url=url, verifier_workers=1)
+                                     store_url=url, verifier_workers=1,
+                                     domain_options={"arithmetic": {"require_boxed": False}})
     calls: list[tuple[dict, list[float]]] = []
 
     def palestra_reward(prompts, completions, **columns):  # what TRL hands over, and what it gets back
@@ -242,6 +243,9 @@ def test_trl_grpo_trainer_trains_on_the_curriculum(tmp_path, capsys):
     assert palestra_cli(["stats", "--db", url, "--run", run[:8]]) == 0
     table = capsys.readouterr().out
     assert "by_length" in table and "arithmetic" in table and "crashing" in table
+    # the run's config names the domains as given (import paths) with their options: it replays
+    assert palestra_cli(["replay", "--db", url, "--run", run[:8], "--workers", "1"]) == 0
+    assert f"re-verified {steps * prompts * group} results, 0 mismatches" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("batching, plans", [

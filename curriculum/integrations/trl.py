@@ -201,7 +201,9 @@ class TRLCurriculum:
         store = StatsStore(store_url or _default_store_url(args.output_dir))
         try:
             return cls(loaded, shape, curriculum.policy, curriculum.difficulty, store, seed=seed, run_name=run_name,
-                       run_config={"trl": _trl_settings(args)}, verifier_workers=verifier_workers,
+                       run_config={"trl": _trl_settings(args), "domains": list(domains),  # as given, so that
+                                   "domain_options": domain_options or {}},  # `palestra replay` can load them
+                       verifier_workers=verifier_workers,
                        verifier=verifier, advantage_std=advantage_std, owns_store=True)
         except BaseException:
             store.close()
