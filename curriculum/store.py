@@ -229,7 +229,9 @@ def _sqlite_begin(conn: Any) -> None:
     # IMMEDIATE takes the write lock up front. A plain (deferred) BEGIN that reads and then writes
     # fails at once with "database is locked" under WAL when another connection wrote in between:
     # SQLite cannot upgrade a stale read snapshot, and the busy timeout does not apply to that.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # Reads (marked ``read_only``) take no lock, so a dashboard never blocks a training run.
+    read_only = conn.get_execution_options().get("read_only", False)
+    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def make_engine(url: str) -> Engine:
@@ -258,6 +260,7 @@ class StatsStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
+        self.reader = self.engine.execution_options(read_only=True)  # same pool; SQLite reads take no write lock
         # ~15 s of back-off in all: rides out a busy file or a server restart, not an outage
         self.retry_delays_s: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
         self._insert_cache: dict[tuple, str] = {}
@@ -296,7 +299,7 @@ class StatsStore:
 
     @property
     def schema_version(self) -> int:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return int(conn.execute(select(MetaRow.value).where(MetaRow.key == "schema_version")).scalar())
 
     # -- runs ---------------------------------------------------------------------------------
@@ -322,12 +325,12 @@ class StatsStore:
     def runs(self) -> list[dict]:
         cols = (RunRow.id, RunRow.name, RunRow.sweep_id, RunRow.status, RunRow.seed,
                 RunRow.last_step, RunRow.started_at)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(select(*cols).order_by(RunRow.started_at, RunRow.id)).mappings().all()
         return [dict(r) for r in rows]
 
     def run(self, run_id: str) -> dict:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(select(RunRow.__table__).where(RunRow.id == run_id)).mappings().first()
         if row is None:
             raise KeyError(f"no run {run_id!r} in {self.safe_url!r}")
@@ -431,7 +434,7 @@ class StatsStore:
         query = select(TaskRow.task_id, TaskRow.task).where(TaskRow.run_id == run_id)
         if ids is not None:
             query = query.where(TaskRow.task_id.in_(list(ids)))
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return {i: json.loads(_decompress(blob)) for i, blob in conn.execute(query)}
 
     def discard_after(self, run_id: str, step: int) -> int:
@@ -467,26 +470,26 @@ class StatsStore:
         query = select(ResultRow.__table__).where(ResultRow.run_id == run_id)
         if step is not None:
             query = query.where(ResultRow.step == step)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(query.order_by(ResultRow.step, ResultRow.id)).mappings().all()
         return [{**r, "completion": _decompress(r["completion"])} for r in rows]
 
     def count_results(self, run_id: str) -> int:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(ResultRow)
                                     .where(ResultRow.run_id == run_id)).scalar())
 
     def step_stats(self, run_id: str) -> list[dict]:
         table = StepStatRow.__table__
         query = select(table).where(table.c.run_id == run_id)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(query.order_by(table.c.step, table.c.domain, table.c.level)).mappings().all()
         return [dict(r) for r in rows]
 
     def plans(self, run_id: str) -> list[dict]:
         table = PlanRow.__table__
         query = select(table).where(table.c.run_id == run_id)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(query.order_by(table.c.step, table.c.domain)).mappings().all()
         return [dict(r) for r in rows]
 
@@ -494,12 +497,12 @@ class StatsStore:
         """Every step's full plan: {step, domains, weights, levels} (lists in domain order)."""
         table = PlanVectorRow.__table__
         query = select(table).where(table.c.run_id == run_id).order_by(table.c.step)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings().all()]
 
     def metrics(self, run_id: str) -> list[dict]:
         query = select(MetricRow.step, MetricRow.values).where(MetricRow.run_id == run_id)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(query.order_by(MetricRow.step)).all()
         return [{"step": step, **values} for step, values in rows]
 
@@ -511,7 +514,7 @@ class StatsStore:
         last_step = select(func.max(PlanVectorRow.step)).where(PlanVectorRow.run_id == run_id).scalar_subquery()
         latest = select(PlanVectorRow.domains, PlanVectorRow.weights, PlanVectorRow.levels).where(
             PlanVectorRow.run_id == run_id, PlanVectorRow.step == last_step)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             counts = {d: (int(a), int(s)) for d, a, s in conn.execute(totals)}
             vectors = conn.execute(latest).first()
         plans = {d: (float(w), int(lv)) for d, w, lv in zip(*vectors)} if vectors else {}
@@ -560,7 +563,7 @@ class StatsStore:
         query = select(t).where(t.c.run_id == run_id)
         if domain is not None:
             query = query.where(t.c.domain == domain)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [dict(r) for r in conn.execute(query.order_by(t.c.domain, t.c.task_id)).mappings()]
 
     def prompt_steps(self, run_id: str, until_step: int | None = None) -> list[dict]:
@@ -569,7 +572,7 @@ class StatsStore:
         query = select(t).where(t.c.run_id == run_id)
         if until_step is not None:
             query = query.where(t.c.step <= until_step)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [dict(r) for r in conn.execute(query.order_by(t.c.step, t.c.task_id)).mappings()]
 
     # -- sweeps ------------------------------------------------------------------------------
@@ -577,7 +580,7 @@ class StatsStore:
         """The runs recorded under ``sweep_id``, configs included, oldest first."""
         query = (select(RunRow.__table__).where(RunRow.sweep_id == sweep_id)
                  .order_by(RunRow.started_at, RunRow.id))
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings().all()]
 
     def step_totals(self, run_id: str) -> list[dict]:
@@ -586,7 +589,7 @@ class StatsStore:
         query = (select(t.step, func.sum(t.attempts).label("attempts"), func.sum(t.successes).label("successes"),
                         func.sum(t.groups).label("groups"), func.sum(t.zero_var_groups).label("zero_var_groups"))
                  .where(t.run_id == run_id).group_by(t.step).order_by(t.step))
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings().all()]
 
     def close(self) -> None:

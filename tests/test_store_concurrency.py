@@ -147,3 +147,17 @@ def test_a_dropped_postgres_connection_is_retried():
     admin.dispose()
     store.write_step(run_id, 2, _plan(2), _outcomes(0, 2)[:10])
     assert store.count_results(run_id) == 20
+
+
+def test_a_reader_inside_a_query_does_not_block_a_writer(tmp_path):
+    # dashboards and `palestra stats/compare/replay` read a sweep's database while runs write to it
+    store = StatsStore(f"sqlite:///{tmp_path / 'live.db'}")
+    run_id = store.start_run("r", {}, seed=0)
+    writer = sqlite3.connect(tmp_path / "live.db", timeout=0.2, isolation_level=None)
+    with store.reader.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 1  # a read transaction is open
+        writer.execute("BEGIN IMMEDIATE")  # would wait 0.2 s and fail if the reader held the write lock
+        writer.execute("UPDATE runs SET name = 'renamed'")
+        writer.execute("COMMIT")
+    assert store.run(run_id)["name"] == "renamed"
+    writer.close()
