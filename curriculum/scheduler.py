@@ -197,9 +197,9 @@ class Scheduler:
 
     def close(self) -> None:
         """Flush and stop the background writer; the store itself stays open (its owner closes it)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        writer, self._writer = self._writer, None  # closed even when it raises: a second close is a no-op
+        if writer is not None:
+            writer.close()
 
     def take_unwritten(self) -> list[tuple]:
         """Steps the background writer could not store, in order, as ``write_step`` arguments

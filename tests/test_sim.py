@@ -135,6 +135,24 @@ def test_run_records_every_step_and_the_heldout_metrics(tmp_path, store_results)
     assert with_vectors == [1, 5, 10, 12] and len(metrics[0]["heldout/domains"]) == 20
 
 
+def test_a_failed_background_write_marks_the_run_failed(tmp_path):
+    from curriculum.scheduler import StepWriteFailed
+
+    cfg = app_config("uniform", seed=1, steps=6).model_copy(update={"write_behind": True})
+    with StatsStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+        write_step = store.write_step
+
+        def fail_at_step_3(run_id, step, *args, **kwargs):
+            if step == 3:
+                raise ValueError("a row the database refuses")
+            write_step(run_id, step, *args, **kwargs)
+
+        store.write_step = fail_at_step_3
+        with pytest.raises(StepWriteFailed, match="a row the database refuses"):
+            run_sim(cfg, store)
+        assert [r["status"] for r in store.runs()] == ["failed"]  # not "running" forever
+
+
 def test_aggregated_writes_rebuild_the_scheduler_exactly(tmp_path):
     cfg = app_config("thompson", seed=2, steps=15)
     with StatsStore(f"sqlite:///{tmp_path / 'r.db'}") as store:
