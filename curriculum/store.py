@@ -746,6 +746,10 @@ def _replace_prompt_totals(conn: Any, run_id: str, keys: set[tuple[str, str]], t
                                                      PromptStatRow.task_id.in_(chunk)))
 
 
+def _one_element(value: Any) -> bool:
+    return (value.numel() if hasattr(value, "numel") else getattr(value, "size", 1)) == 1  # torch, numpy
+
+
 def _plain(value: Any) -> Any:
     """JSON-safe copy of a metrics value: nested dicts and lists kept, numpy scalars and 0-d
     tensors (anything with ``.item()``) unwrapped, NaN/inf as null, anything else as its str."""
@@ -753,7 +757,7 @@ def _plain(value: Any) -> Any:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if hasattr(value, "item") and getattr(value, "size", 1) == 1:
+    if hasattr(value, "item") and _one_element(value):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None  # PostgreSQL's JSON has no NaN or infinity

@@ -177,3 +177,13 @@ def test_store_yaml_validates():
     assert StoreConfig.model_validate({"url": None}).url is None
     with pytest.raises(Exception):
         StoreConfig.model_validate({"uri": "sqlite://"})
+
+
+def test_metrics_values_are_stored_as_plain_json():
+    import torch
+
+    from curriculum.store import _plain
+
+    plain = _plain({"loss": torch.tensor(0.5), "n": np.int64(3), "one": torch.tensor([7]), "bad": float("nan"),
+                    "nested": {"x": np.float32(1.5)}, "vector": torch.tensor([1.0, 2.0])})
+    assert plain == {"loss": 0.5, "n": 3, "one": 7, "bad": None, "nested": {"x": 1.5}, "vector": "tensor([1., 2.])"}
