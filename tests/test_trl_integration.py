@@ -278,3 +278,10 @@ def test_each_generation_batch_is_one_recorded_step_however_trl_batches(tmp_path
 def test_the_callback_refuses_a_trainer_that_batches_differently(curriculum):
     with pytest.raises(ValueError, match="built for 3 prompts x 2 completions .* the trainer uses 6 x 4"):
         curriculum.callback().on_train_begin(_args(), None, None)
+
+
+def test_the_callback_refuses_to_resume_a_trl_run(curriculum):
+    args = _args(num_generations=2, generation_batch_size=6)
+    curriculum.callback().on_train_begin(args, SimpleNamespace(global_step=0), None)  # a fresh run starts
+    with pytest.raises(ValueError, match="resuming a TRL run at step 5 is not supported"):
+        curriculum.callback().on_train_begin(args, SimpleNamespace(global_step=5), None)

@@ -355,6 +355,9 @@ class CurriculumCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.curriculum.check_args(args)
+        if state.global_step > 0:  # HF replays the skipped batches, opening plans nobody will score
+            raise ValueError(f"resuming a TRL run at step {state.global_step} is not supported with a Palestra "
+                             "curriculum (TRL's checkpoints hold no scheduler state); start a new run")
 
     def on_train_end(self, args, state, control, **kwargs):
         self.curriculum.finish()
