@@ -5,9 +5,11 @@ dataset ``chain_sum`` is the domain ``rg_chain_sum``; ``domains=rg_*`` selects t
 pattern such as ``rg_*matrix*`` a subset. Without the extra the family lists no domains.
 
 Levels. reasoning-gym gives most datasets a curriculum: attributes (number of terms, grid size, …)
-each with a list of settings. Palestra level k sets every attribute to its (k-1)-th setting, capped
-at the attribute's last one (``set_global_level``), so there are as many levels as the longest
-attribute has settings. Ranges are "inclusive" (reasoning-gym's default: level k draws from the
+each with a list of settings, and global level g sets every attribute to its g-th setting, capped
+at the attribute's last one (``set_global_level``). Palestra's levels 1, 2, … are the usable global
+levels in order: those the dataset rejects or that hang are left out, and one that configures the
+same as the level before it is merged into it, so level k is global level k-1 only where nothing
+was dropped (the payload's ``curriculum_level`` says which). Ranges are "inclusive" (reasoning-gym's default: level k draws from the
 easiest setting up to the k-th), so a harder level still contains some easy items. Datasets without
 a curriculum have one level, their default configuration.
 
