@@ -659,10 +659,20 @@ class CodeDatasetDomain(CodeDomain):
         return self.task_from_row(data)
 
     def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
+        pool = self._level(level)
+        return rng.sample(pool, n) if n <= len(pool) else rng.choices(pool, k=n)
+
+    def heldout(self, level: int, n: int, seed: int) -> list[Task]:
+        """Up to ``n`` distinct tasks of ``level``, fixed by ``seed``, always leaving one for
+        training: a small level would otherwise be held out whole and never trained on."""
+        pool = self._level(level)
+        return random.Random(f"heldout/{self.name}/{level}/{seed}").sample(pool, min(n, len(pool) - 1))
+
+    def _level(self, level: int) -> list[Task]:
         pool = [t for t in self.tasks if t.level == level]
         if not pool:
             raise ValueError(f"{self.name}: no tasks at level {level} (path: {self.config.path})")
-        return rng.sample(pool, n) if n <= len(pool) else rng.choices(pool, k=n)
+        return pool
 
 
 CODE_DATASET = CodeDatasetDomain()

@@ -343,3 +343,18 @@ def test_pool_verifies_in_parallel_and_every_reference_passes():
     rewards = [v.result.reward for v in verdicts]
     assert rewards[: len(tasks)] == [1.0] * len(tasks)
     assert sum(rewards[len(tasks):]) <= 2  # "a" itself is right only by accident (e.g. a sorted list)
+
+
+def test_a_small_level_is_never_held_out_whole(tmp_path):
+    from trainer.tasks import TaskSource
+
+    rows = [{**TESTS_ROW, "fn_name": "add", "prompt": f"def add(a, b): add them ({i})", "level": 1 + (i > 1)}
+            for i in range(12)]  # level 1: two tasks; level 2: ten
+    path = tmp_path / "small.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    domain = registry.load("code_dataset", {"path": str(path), **FAST})
+    held = {t.id for level in (1, 2) for t in domain.heldout(level, 16, seed=0)}
+    assert len(held) == 1 + 9  # distinct tasks, one of each level left to train on
+    assert held == {t.id for level in (1, 2) for t in domain.heldout(level, 16, seed=0)}  # fixed by the seed
+    drawn = TaskSource({domain.name: domain}, held, seed=0).draw({(domain.name, 1): 4, (domain.name, 2): 4})
+    assert len(drawn) == 8 and not {t.id for t in drawn} & held
