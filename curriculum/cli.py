@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from curriculum.store import SchemaVersionError
 from domains.api import Task
 from domains.registry import DomainError, available, load
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (DomainError, KeyError, FileNotFoundError, ValueError, SQLAlchemyError) as exc:
+    except (DomainError, KeyError, FileNotFoundError, ValueError, SQLAlchemyError, SchemaVersionError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"error: {' '.join(str(message).split())[:300]}", file=sys.stderr)
         return 2

@@ -322,7 +322,7 @@ class _WriteBehind:
 
     def _raise(self) -> None:
         if self.error is not None:
-            raise StepWriteFailed(f"writing a step to {self.store.url!r} failed: {self.error}") from self.error
+            raise StepWriteFailed(f"writing a step to {self.store.safe_url!r} failed: {self.error}") from self.error
 
     def flush(self) -> None:
         self.queue.join()

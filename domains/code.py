@@ -102,7 +102,17 @@ def assemble(completion: str, payload: dict[str, Any]) -> str:
         return code
     if not defines(code, payload["entry_point"]):
         return prompt_code + code
-    return prompt_code.rstrip("\n") + "\n\n\n" + code if _compiles(prompt_code) else code
+    return futures_first(prompt_code.rstrip("\n") + "\n\n\n" + code) if _compiles(prompt_code) else code
+
+
+_FUTURE_IMPORT = re.compile(r"^from\s+__future__\s+import\b.*$", re.MULTILINE)
+
+
+def futures_first(program: str) -> str:
+    """``program`` with its top-level ``from __future__`` imports moved to the start, where Python
+    requires them: code put after a prompt or a preamble may begin with one."""
+    futures = _FUTURE_IMPORT.findall(program)
+    return "\n".join(futures + [_FUTURE_IMPORT.sub("", program)]) if futures else program
 
 
 def _compiles(code: str) -> bool:
@@ -156,6 +166,15 @@ def _lines(text: str) -> list[str]:
     return lines if lines != [""] else []
 
 
+_INTEGER = re.compile(r"^[+-]?\d+$")
+
+
+def _canonical_integer(token: str) -> str:
+    sign = "-" if token.startswith("-") else ""
+    digits = token.lstrip("+-").lstrip("0") or "0"
+    return ("" if digits == "0" else sign) + digits
+
+
 def _tokens_match(got: str, want: str, tol: float) -> bool:
     g, w = got.split(), want.split()
     if len(g) != len(w):
@@ -163,12 +182,10 @@ def _tokens_match(got: str, want: str, tol: float) -> bool:
     for a, b in zip(g, w):
         if a == b:
             continue
-        try:
-            if int(a) != int(b):
+        if _INTEGER.match(a) and _INTEGER.match(b):  # exact, however many digits (int() stops at 4300)
+            if _canonical_integer(a) != _canonical_integer(b):
                 return False
             continue
-        except ValueError:
-            pass  # not both integers
         try:
             x, y = float(a), float(b)
         except ValueError:
@@ -285,7 +302,7 @@ CALL_PREAMBLE = "from typing import *\n"
 def run_call_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Outcome:
     cases = payload["cases"][: config.max_tests]
     outcome = _Outcome(len(cases))
-    caller = _start(config, CALL_PREAMBLE + code, payload["entry_point"], outcome)
+    caller = _start(config, futures_first(CALL_PREAMBLE + code), payload["entry_point"], outcome)
     if caller is None:
         return outcome
     for case in cases:

@@ -66,6 +66,19 @@ def test_reading_a_missing_or_broken_database_fails_in_one_line_and_creates_noth
     assert err.startswith("error: (sqlite3.DatabaseError) file is not a database") and err.count("\n") == 1
 
 
+def test_a_database_of_a_newer_schema_is_a_one_line_error(tmp_path, capsys):
+    from sqlalchemy import update
+
+    from curriculum.store import MetaRow
+
+    url = f"sqlite:///{tmp_path / 'future.db'}"
+    with StatsStore(url) as store, store.engine.begin() as conn:
+        conn.execute(update(MetaRow).where(MetaRow.key == "schema_version").values(value="999"))
+    assert main(["runs", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: database ") and "schema version 999" in err and err.count("\n") == 1
+
+
 def test_domains_lists_builtins(capsys):
     assert main(["domains", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}

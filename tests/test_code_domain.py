@@ -139,6 +139,7 @@ def test_values_match(got, expected, same):
     ("3\n1.5\n", "3\n1.5", True), ("3  \n1.5000000001\n\n", "3\n1.5\n", True), ("3\n", "3\n1.5\n", False),
     ("1 2", "1  2", True), ("yes", "Yes", False), ("", "", True), ("0.3001", "0.3", False), ("1e-9", "0", True),
     ("999999000 5", "999999999 5", False), ("1000000008", "1000000007", False), ("007", "7", True),
+    ("1" * 5000, "2" * 5000, False), ("-0", "0", True),  # past int()'s 4300 digits, still exact
 ])
 def test_stdout_matches(got, want, same):
     assert stdout_matches(got, want) is same
@@ -358,3 +359,16 @@ def test_a_small_level_is_never_held_out_whole(tmp_path):
     assert held == {t.id for level in (1, 2) for t in domain.heldout(level, 16, seed=0)}  # fixed by the seed
     drawn = TaskSource({domain.name: domain}, held, seed=0).draw({(domain.name, 1): 4, (domain.name, 2): 4})
     assert len(drawn) == 8 and not {t.id for t in drawn} & held
+
+
+def test_a_program_may_start_with_a_future_import_after_a_prompt_or_preamble(dataset, tmp_path):
+    task = dataset.tasks[0]  # HumanEval-shaped: the prompt's code runs first
+    full = ("```python\nfrom __future__ import annotations\n\n\ndef has_close(numbers: List[float], threshold):\n"
+            "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```")
+    assert dataset.verify(task, full).status is Status.OK
+    call = next(t for t in dataset.tasks if t.payload["format"] == "call")  # after the typing preamble
+    fn = call.payload["entry_point"]
+    body = {"double": "return [2 * x for x in a]", "add": "return a + b"}[fn]
+    args = {"double": "a: list", "add": "a: int, b: int"}[fn]
+    source = f"```python\nfrom __future__ import annotations\ndef {fn}({args}):\n    {body}\n```"
+    assert dataset.verify(call, source).status is Status.OK

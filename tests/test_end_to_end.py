@@ -161,3 +161,20 @@ def test_dynamic_sampling_stores_every_group_with_the_advantages_it_trained_on(t
             trained += 1
     assert trained > 0
     assert len(rows) > 2 * 4 * 4  # refills are recorded too
+
+
+def test_a_domain_without_held_out_tasks_trains_and_is_left_out_of_the_stored_evaluation(tmp_path):
+    from trainer.app import run
+    from trainer.grpo import _resume_hint
+
+    rows = tmp_path / "sums.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(20)))
+    config = tiny_config(tmp_path, domains=["arithmetic", "math_dataset"], trainer={"steps": 1},
+                         domain_options={"math_dataset": {"path": str(rows), "heldout_fraction": 0.0}})
+    summary = run(config)
+    assert "eval/math_dataset" not in summary["before"] and "eval/arithmetic" in summary["before"]
+    with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
+        [stored_run] = store.runs()
+        stored = [m for m in store.metrics(stored_run["id"]) if "heldout/macro" in m]
+    assert [m["step"] for m in stored] == [0, 1] and all(len(m["heldout/domains"]) == 1 for m in stored)
+    assert _resume_hint(None) == "resume from the last checkpoint saved (none was saved now)"

@@ -128,7 +128,7 @@ def test_an_unreachable_store_stops_with_a_checkpoint_that_loses_nothing(tmp_pat
         return metrics
 
     recipe.train_step = step_then_lose_the_store
-    with pytest.raises(StoreUnavailable, match=r"unwritten step\(s\); fix the store, then run again with resume=\S+step-0000004"):
+    with pytest.raises(StoreUnavailable, match=r"unwritten step\(s\); fix the store, then resume with resume=\S+step-0000004"):
         recipe.train()
     recipe.cleanup("failed")
     blocker.rollback()

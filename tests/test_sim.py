@@ -138,7 +138,7 @@ def test_run_records_every_step_and_the_heldout_metrics(tmp_path, store_results)
 def test_a_failed_background_write_marks_the_run_failed(tmp_path):
     from curriculum.scheduler import StepWriteFailed
 
-    cfg = app_config("uniform", seed=1, steps=6).model_copy(update={"write_behind": True})
+    cfg = app_config("uniform", seed=1, steps=40).model_copy(update={"write_behind": True})
     with StatsStore(f"sqlite:///{tmp_path / 's.db'}") as store:
         write_step = store.write_step
 
@@ -149,8 +149,10 @@ def test_a_failed_background_write_marks_the_run_failed(tmp_path):
 
         store.write_step = fail_at_step_3
         with pytest.raises(StepWriteFailed, match="a row the database refuses"):
-            run_sim(cfg, store)
-        assert [r["status"] for r in store.runs()] == ["failed"]  # not "running" forever
+            run_sim(cfg, store)  # raised in the loop, by the step after the failed one
+        with pytest.raises(StepWriteFailed, match="a row the database refuses"):
+            run_sim(cfg.model_copy(update={"sim": cfg.sim.model_copy(update={"steps": 3})}), store)  # at close
+        assert [r["status"] for r in store.runs()] == ["failed", "failed"]  # not "running" forever
 
 
 def test_aggregated_writes_rebuild_the_scheduler_exactly(tmp_path):

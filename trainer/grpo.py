@@ -181,7 +181,7 @@ class GRPORecipe:
                         self._evaluate(step, f"held-out success at step {step}")
                     if self.world.any(stop.requested):  # SIGTERM/SIGINT: finish the step, save, leave
                         path = self.save_checkpoint(step)
-                        raise KeyboardInterrupt(f"stopped by signal after step {step}; resume with resume={path}")
+                        raise KeyboardInterrupt(f"stopped by signal after step {step}; {_resume_hint(path)}")
                     if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                         self.save_checkpoint(step)
             self._evaluate(cfg.trainer.steps, "held-out success after GRPO", keep="after")
@@ -226,7 +226,10 @@ class GRPORecipe:
         """The evaluation joins the step's metrics in the store, under the keys ``palestra compare``
         and ``report`` read (the same as the simulator's), so training sweeps compare like simulated ones."""
         assert self.store is not None and self.scheduler is not None
-        per_domain = np.array([metrics[f"eval/{name}"] for name in self.scheduler.domains])
+        # a domain with no held-out tasks (a dataset with heldout_fraction 0) has no rate to store
+        per_domain = np.array([metrics[f"eval/{n}"] for n in self.scheduler.domains if f"eval/{n}" in metrics])
+        if not len(per_domain):
+            return
         worst = np.sort(per_domain)[: max(1, len(per_domain) // 10)]
         values = {"heldout/macro": metrics["eval/macro"], "heldout/worst_decile": float(worst.mean()),
                   "heldout/domains": np.rint(per_domain * 1000).astype(int).tolist(),
@@ -443,10 +446,10 @@ class GRPORecipe:
         """The store stayed unreachable: save a checkpoint that carries the unwritten steps, then stop."""
         unwritten = self.scheduler.take_unwritten()
         path = self.save_checkpoint(step, unwritten=unwritten)
-        raise StoreUnavailable(
-            f"the stats store is unreachable ({' '.join(str(exc).split())[:300]}); saved checkpoint {path} "
-            f"with {len(unwritten)} unwritten step(s); fix the store, then run again with resume={path}"
-        ) from exc
+        saved = (f"saved checkpoint {path} with {len(unwritten)} unwritten step(s)" if path is not None
+                 else f"saved no checkpoint (non-finite weights): {len(unwritten)} unwritten step(s) are lost")
+        raise StoreUnavailable(f"the stats store is unreachable ({' '.join(str(exc).split())[:300]}); {saved}; "
+                               f"fix the store, then {_resume_hint(path)}") from exc
 
     def save_checkpoint(self, step: int, unwritten: list[tuple] | None = None) -> Path | None:
         if not self.world.is_main:  # the ranks hold the same weights; rank 0 holds everything else
@@ -482,6 +485,14 @@ class GRPORecipe:
         if self.logger is not None:
             self.logger.close()
         distributed.shutdown()
+
+
+def _resume_hint(path: Path | None) -> str:
+    """How to go on: a saved checkpoint's path, or why there is none (other ranks do not save, and a
+    model with non-finite weights is never saved)."""
+    if path is None:
+        return "resume from the last checkpoint saved (none was saved now)"
+    return f"resume with resume={path}"
 
 
 def _padding_bounds(attn: torch.Tensor, mask: torch.Tensor | None, prompt_width: int) -> tuple[int, int]:

@@ -54,7 +54,7 @@ from pydantic import BaseModel, ValidationError
 from transformers import TrainerCallback
 
 from curriculum.config import CurriculumConfig, DifficultyConfig, PolicyConfig, describe_error
-from curriculum.scheduler import Scheduler
+from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.store import StatsStore
 from curriculum.types import Outcome, Plan
 from domains.api import Domain, Status, Task, stable_hash
@@ -335,10 +335,15 @@ class TRLCurriculum:
         finally:
             self._closed = True
             self.pool.close()
-            self.scheduler.close()
-            self.store.finish_run(self.run_id, status)
-            if self._owns_store:
-                self.store.close()
+            try:
+                self.scheduler.close()
+            except StepWriteFailed:  # the run failed to record; say so, then let the error through
+                status = "failed"
+                raise
+            finally:
+                self.store.finish_run(self.run_id, status)
+                if self._owns_store:
+                    self.store.close()
 
     def __enter__(self) -> "TRLCurriculum":
         return self

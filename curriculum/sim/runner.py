@@ -19,12 +19,13 @@ Metrics written per step (``store.metrics(run_id)``):
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from curriculum.scheduler import Scheduler
+from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.sim.config import SimAppConfig
 from curriculum.sim.learner import KINDS, Learner, StepOutcome, build_world
 from curriculum.store import StatsStore
@@ -133,7 +134,8 @@ def run_sim(cfg: SimAppConfig, store: StatsStore | None = None, progress_every: 
         status = "finished"
     finally:
         if store is not None and run_id is not None:
-            scheduler.close()
+            with contextlib.suppress(StepWriteFailed):  # already raised in the loop; the run is marked failed
+                scheduler.close()
             store.finish_run(run_id, status)
     return SimResult(run_id, sc.steps, float(learner.heldout().mean()), macro_sum / sc.steps,
                      time.perf_counter() - start)
