@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from curriculum.store import SchemaVersionError
+from curriculum.store import SchemaVersionError, StoreUnavailable
 from domains.api import Task
 from domains.registry import DomainError, available, load
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (DomainError, KeyError, FileNotFoundError, ValueError, SQLAlchemyError, SchemaVersionError) as exc:
+    except (DomainError, KeyError, FileNotFoundError, ValueError, SQLAlchemyError, SchemaVersionError, StoreUnavailable) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"error: {' '.join(str(message).split())[:300]}", file=sys.stderr)
         return 2
@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, default=None)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json", action="store_true")
-    p = command("compare", cmd_compare, "compare the policies of a sweep, with paired-seed 95% CIs")
+    p = command("compare", cmd_compare, "compare the policies of a sweep, with paired-seed 95%% CIs")
     p.add_argument("--db", required=True)
     p.add_argument("--sweep", required=True, help="sweep id (see `palestra runs`)")
     p.add_argument("--baseline", default="uniform", help="policy the others are compared with")
@@ -145,8 +145,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
               + (f", {report.missing_tasks} without a stored task" if report.missing_tasks else ""))
         for domain, change in report.version_changes.items():
             print(f"  verifier version of {domain} changed: {change}")
-        _table([vars(m) for m in report.mismatches[:50]],
-               ["step", "domain", "task_id", "stored_reward", "replayed_reward", "stored_status", "replayed_status"])
+        if report.mismatches:
+            _table([vars(m) for m in report.mismatches[:50]],
+                   ["step", "domain", "task_id", "stored_reward", "replayed_reward", "stored_status", "replayed_status"])
     return 1 if report.mismatches else 0
 
 
@@ -228,11 +229,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         try:
             row = json.loads(line)
             task = domain.task_from_json(row["task"])
-            completion = row["completion"]
+            # `palestra sample` lines carry a "reference": verifying them as they are checks the references
+            completion = row["completion"] if "completion" in row else row["reference"]
             # a tool transcript may be given as a JSON list rather than a string holding one
             items.append((task, completion if isinstance(completion, str) else json.dumps(completion)))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{args.input}:{number}: not a {{task, completion}} line ({type(exc).__name__}: {exc})")
+            raise ValueError(f"{args.input}:{number}: not a {{task, completion}} line ({type(exc).__name__}: {exc})") from None
     with VerifierPool({domain.name: domain}, workers=args.workers) as pool:
         for verdict in pool.verify_many([(_renamed(t, domain.name), c) for t, c in items]):
             print(json.dumps(verdict.result.to_json(), default=str))

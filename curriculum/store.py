@@ -279,8 +279,11 @@ class StatsStore:
                 Base.metadata.create_all(self.engine)
                 self._check_schema_version()
                 return
-            except (OperationalError, ProgrammingError, IntegrityError):
+            except (OperationalError, ProgrammingError, IntegrityError) as exc:
                 if attempt == attempts - 1:
+                    if isinstance(exc, OperationalError):  # no server, bad credentials, unwritable file
+                        raise StoreUnavailable(f"cannot open the stats store {self.safe_url}: "
+                                               f"{' '.join(str(exc.orig or exc).split())[:300]}") from exc
                     raise
                 time.sleep(0.1 * (attempt + 1))
 

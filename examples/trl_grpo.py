@@ -60,7 +60,7 @@ def _print_summary(curriculum) -> None:
 
 
 def _options() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--steps", type=int, default=8, help="TRL optimizer steps (one plan step each)")
     parser.add_argument("--out", default="outputs/trl-example", help="folder for the model, TRL's output and the store")
     parser.add_argument("--workers", type=int, default=2, help="verifier worker processes")

@@ -113,3 +113,20 @@ def test_malformed_verify_input_names_the_line(tmp_path, capsys):
     path.write_text('{"task": {}, "completion": "x"}\nnot json\n')
     assert main(["verify", "--domain", "arithmetic", "--input", str(path)]) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("runs", "stats", "replay", "compare", "report", "domains", "sample", "verify"))
+
+
+def test_sample_output_verifies_as_it_is(tmp_path, capsys):
+    assert main(["sample", "--domain", "fractions", "--level", "3", "-n", "3", "--json"]) == 0
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(capsys.readouterr().out)
+    assert main(["verify", "--domain", "fractions", "--input", str(path), "--workers", "1"]) == 0
+    verdicts = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [v["reward"] for v in verdicts] == [1.0, 1.0, 1.0]  # each line's reference, verified

@@ -187,3 +187,12 @@ def test_metrics_values_are_stored_as_plain_json():
     plain = _plain({"loss": torch.tensor(0.5), "n": np.int64(3), "one": torch.tensor([7]), "bad": float("nan"),
                     "nested": {"x": np.float32(1.5)}, "vector": torch.tensor([1.0, 2.0])})
     assert plain == {"loss": 0.5, "n": 3, "one": 7, "bad": None, "nested": {"x": 1.5}, "vector": "tensor([1., 2.])"}
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_naming_it_without_its_password(tmp_path):
+    from curriculum.store import StoreUnavailable
+
+    with pytest.raises(StoreUnavailable, match=r"^cannot open the stats store postgresql\+psycopg://u:\*\*\*@127\.0\.0\.1:1/x: "
+                                               r"connection failed") as info:
+        StatsStore("postgresql+psycopg://u:secret@127.0.0.1:1/x")  # nothing listens on port 1
+    assert "secret" not in str(info.value) and "\n" not in str(info.value)
