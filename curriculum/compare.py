@@ -69,6 +69,17 @@ class Comparison:
                 "target": self.target, "metric": self.metric_key, "policies": self.policies}
 
 
+# -- writing (simulator and trainer) -------------------------------------------------------------------
+def heldout_metrics(heldout: np.ndarray, mastery: float, with_domains: bool) -> dict:
+    """The ``heldout/*`` metrics a run stores for ``load_run``, from per-domain held-out success."""
+    worst = np.sort(heldout)[: max(1, len(heldout) // 10)]
+    metrics = {"heldout/macro": float(heldout.mean()), "heldout/worst_decile": float(worst.mean()),
+               "heldout/mastered": int((heldout >= mastery).sum())}
+    if with_domains:
+        metrics["heldout/domains"] = np.rint(heldout * 1000).astype(int).tolist()
+    return metrics
+
+
 # -- loading -------------------------------------------------------------------------------------------
 def load_run(store, run: dict, metric_key: str = "heldout/macro") -> RunCurves | None:
     """Curves of one run from its metrics rows; None when the run logged no ``metric_key``."""

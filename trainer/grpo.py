@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from curriculum.compare import heldout_metrics
 from curriculum.config import check_against_domains
 from curriculum.prompts import PromptSelector
 from curriculum.scheduler import Scheduler, StepWriteFailed
@@ -57,8 +58,7 @@ class GRPORecipe:
         self.logger: MetricsLogger | None = None
         self.store: StatsStore | None = None
         self.run_id: str | None = None
-        self.history: dict[str, dict[str, float]] = {}  # "before"/"after" GRPO: held-out metrics
-        self.heldout_hits: dict[str, Hits] = {}  # the same two evaluations, task by task
+        self.heldout_hits: dict[str, Hits] = {}  # "before"/"after" GRPO: held-out success, task by task
         self.health = HealthMonitor(cfg.health)
         self.world = distributed.World()  # setup joins the process group under torchrun
 
@@ -143,14 +143,12 @@ class GRPORecipe:
         self.tasks.selector = self._selector()
         self.tasks.selector.load_state_dict(state["selector"])
         checkpoint.restore_rng(state["rng"])
-        self.history = state.get("history", {})
         if "health" in state:  # checkpoints from before the alarms were saved start them afresh
             self.health.load_state_dict(state["health"])
         self.heldout_hits = state.get("heldout_hits", {})
         if state.get("heldout_ids") != [t.id for t in self.heldout]:
             # eval settings or domains changed since the checkpoint: the evaluation before GRPO was
             # of other tasks, so nothing after can be compared with it
-            self.history.pop("before", None)
             self.heldout_hits = {}
             self.health.forget_evaluations()
 
@@ -193,13 +191,12 @@ class GRPORecipe:
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
-        before, after = self.history.get("before", {}), self.history.get("after", {})
+        hits = self.heldout_hits
+        before, after = (summarise(hits[k]) if k in hits else {} for k in ("before", "after"))
         summary = {"run_id": self.run_id, "before": before, "after": after, "macro_gain": None}
-        if "eval/macro" in before and "eval/macro" in after:
+        if before and after:
             summary["macro_gain"] = after["eval/macro"] - before["eval/macro"]
-        if "before" in self.heldout_hits and "after" in self.heldout_hits:
-            summary["macro_gain_ci95"] = paired_gain_interval(
-                self.heldout_hits["before"], self.heldout_hits["after"], seed=self.cfg.eval.seed)
+            summary["macro_gain_ci95"] = paired_gain_interval(hits["before"], hits["after"], seed=self.cfg.eval.seed)
         return summary
 
     def _evaluate(self, step: int, title: str, keep: str | None = None) -> dict[str, float]:
@@ -215,7 +212,7 @@ class GRPORecipe:
         )
         metrics = summarise(hits)
         if keep:
-            self.history[keep], self.heldout_hits[keep] = metrics, hits
+            self.heldout_hits[keep] = hits
         self.logger.log(step, metrics, phase="eval")
         self.logger.write(format_eval(metrics, title))
         self._store_heldout(step, metrics)
@@ -230,10 +227,8 @@ class GRPORecipe:
         per_domain = np.array([metrics[f"eval/{n}"] for n in self.scheduler.domains if f"eval/{n}" in metrics])
         if not len(per_domain):
             return
-        worst = np.sort(per_domain)[: max(1, len(per_domain) // 10)]
-        values = {"heldout/macro": metrics["eval/macro"], "heldout/worst_decile": float(worst.mean()),
-                  "heldout/domains": np.rint(per_domain * 1000).astype(int).tolist(),
-                  **{k.replace("eval/", "heldout/", 1): v for k, v in metrics.items() if k != "eval/macro"}}
+        values = {**{k.replace("eval/", "heldout/", 1): v for k, v in metrics.items()},
+                  **heldout_metrics(per_domain, mastery=0.8, with_domains=True)}
         self.scheduler.flush()  # the step's own row first: merging into it must not race its write
         try:
             self.store.merge_metrics(self.run_id, step, values)
@@ -464,7 +459,7 @@ class GRPORecipe:
             state={"run_id": self.run_id, "scheduler": self.scheduler.state_dict(allow_unwritten=unwritten is not None),
                    "unwritten": unwritten or [], "tasks": self.tasks.state_dict(),
                    "selector": self.tasks.selector.state_dict(),
-                   "rng": checkpoint.capture_rng(), "history": self.history, "heldout_hits": self.heldout_hits,
+                   "rng": checkpoint.capture_rng(), "heldout_hits": self.heldout_hits,
                    "health": self.health.state_dict(),
                    "heldout_ids": [t.id for t in self.heldout]},
         )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from curriculum.compare import heldout_metrics
 from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.sim.config import SimAppConfig
 from curriculum.sim.learner import KINDS, Learner, StepOutcome, build_world
@@ -61,15 +62,6 @@ def to_outcomes(out: StepOutcome, names: list[str], step: int) -> list[Outcome]:
         outcomes += [Outcome(name, lv, task, g, r[k], r[k] > 0.5, "ok" if r[k] > 0.5 else "wrong", a[k])
                      for k in range(g_size)]
     return outcomes
-
-
-def heldout_metrics(heldout: np.ndarray, mastery: float, with_domains: bool) -> dict:
-    worst = np.sort(heldout)[: max(1, len(heldout) // 10)]
-    metrics = {"heldout/macro": float(heldout.mean()), "heldout/worst_decile": float(worst.mean()),
-               "heldout/mastered": int((heldout >= mastery).sum())}
-    if with_domains:
-        metrics["heldout/domains"] = np.rint(heldout * 1000).astype(int).tolist()
-    return metrics
 
 
 def describe_world(cfg: SimAppConfig, names: list[str], kinds: np.ndarray) -> dict:
