@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from domains.registry import load_all
-from trainer.episodes import run_episodes, tool_message_tokens, transcript_tokens
+from trainer.episodes import TOOL_CALL_END, run_episodes, tool_message_tokens, transcript_tokens
 from trainer.models import encode_prompt, load_model, load_tokenizer
 from trainer.rollout import assemble, left_pad
 from trainer.sft import reference_pairs, supervised_loss
@@ -109,3 +109,13 @@ def test_a_wordy_episode_does_not_cut_short_the_others_in_its_batch(setup):
     # ... while the wordy one's is cut at its own
     assert 0 < len(json.loads(together[0])[-1]["content"]) < 100
     assert rollout.truncated.tolist() == [True, False]
+
+
+def test_the_tiny_tokenizer_spends_one_token_per_piece_of_call_markup_and_round_trips_any_text(setup):
+    _, tok, _ = setup
+    call = '<tool_call>{"name":"mul","arguments":{"a":964,"b":494}}</tool_call>'
+    ids = tok(call, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 23  # 5 pieces of markup + 18 characters ("mul" and the arguments), not 67 characters
+    assert tok(TOOL_CALL_END, add_special_tokens=False)["input_ids"] == [tok.convert_tokens_to_ids(TOOL_CALL_END)]
+    for text in [call, 'x}}}y{{"name":"z', "<tool_call", '{"name": "spaced"}', "3+4=\\boxed{7}\n"]:
+        assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text

@@ -2,11 +2,13 @@
 
 It is built locally (random weights, no download) and saved as an ordinary Hugging Face model
 folder, so everything downstream loads it with ``AutoModelForCausalLM.from_pretrained`` exactly as
-it would load a real model. One token per character keeps the vocabulary tiny and lets a model of
-about a million parameters learn short arithmetic and code answers on a CPU in minutes.
+it would load a real model. One token per character (bar a few pieces of tool-call markup) keeps the
+vocabulary tiny and lets a model of about a million parameters learn short arithmetic and code
+answers on a CPU in minutes.
 """
 from __future__ import annotations
 
+import re
 import string
 from pathlib import Path
 
@@ -16,6 +18,9 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 CHARACTERS = list(string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", ""))
+# The fixed markup of a compact tool call gets one token per piece, as real tokenizers give
+# ``<tool_call>`` a token of its own and BPE merges JSON punctuation: a call costs ~20 tokens, not ~65.
+MARKUP_TOKENS = ["<tool_call>", "</tool_call>", '{"name":"', '","arguments":{', "}}"]
 
 # A plain template the tiny model learns from scratch: role marker, content, end marker.
 CHAT_TEMPLATE = (
@@ -25,10 +30,12 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + MARKUP_TOKENS + CHARACTERS)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
-    # Every character is its own token; the decoder glues them back without spaces.
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    # Every character is its own token, bar the markup pieces (tried first); the decoder glues
+    # them back without spaces.
+    pieces = "|".join(re.escape(t) for t in MARKUP_TOKENS)
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(pieces + r"|[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token="<|pad|>", eos_token="<|end|>", unk_token="?",
