@@ -4,7 +4,9 @@ Why processes and not threads: verifiers run untrusted or pathological inputs (h
 expressions, model-written code) that can hang inside C code, and math-verify's own timeouts rely on
 ``signal.alarm``, which only works in a main thread. Each worker runs verifiers in its main thread;
 the parent enforces a wall-clock deadline per call and kills and replaces a worker that overruns.
-Whatever happens, a call resolves to a VerifyResult — never an exception into the trainer.
+Whatever happens, a call resolves to a VerifyResult — never an exception into the trainer. The one
+exception is a pool whose workers cannot even start: every verdict would be an error, so callers
+ask ``raise_if_broken`` after each batch rather than train on nothing.
 """
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from domains.api import Domain, Status, Task, VerifyResult
+
+
+class VerifierPoolBroken(RuntimeError):
+    """The pool gave up starting workers: no verdict it returns means anything."""
 
 
 def verify_guarded(domain: Domain, task: Task, completion: str) -> VerifyResult:
@@ -150,6 +156,11 @@ class QueuedPool(ABC):
         if self.start_failures > 3 * workers and not self.broken:
             self.broken = message
             self._fail_pending(message)
+
+    def raise_if_broken(self) -> None:
+        """Fail loudly once the pool has given up, instead of handing out error verdicts for ever."""
+        if self.broken:
+            raise VerifierPoolBroken(f"verification stopped: {self.broken}")
 
     def _fail_pending(self, message: str) -> None:
         with self._lock:

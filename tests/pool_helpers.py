@@ -80,3 +80,21 @@ SLOW_START = SlowStartDomain(verify_timeout_s=1.0)  # the deadline is shorter th
 
 def task() -> Task:
     return UNRULY.sample(1, 1, random.Random(0))[0]
+
+
+def _load_only_in(parent_pid: int) -> "UnrulyDomain":
+    if os.getpid() != parent_pid:
+        raise RuntimeError("this domain cannot be loaded in a worker process")
+    return UNSTARTABLE
+
+
+class UnstartableDomain(UnrulyDomain):
+    """Unpickles only in the process that made it, so every verifier worker dies starting up."""
+
+    name = "unstartable"
+
+    def __reduce__(self):
+        return _load_only_in, (os.getpid(),)
+
+
+UNSTARTABLE = UnstartableDomain()

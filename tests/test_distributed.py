@@ -26,6 +26,7 @@ from trainer.app import CONF_DIR, run, to_config
 from trainer.config import validate_config
 from trainer.distributed import World
 from trainer.batch import generation_chunks
+from trainer.episodes import by_rollout
 from trainer.grpo import GRPORecipe
 from trainer.losses import group_advantages
 
@@ -46,10 +47,16 @@ def test_shares_are_contiguous_balanced_and_cover_everything(n, size):
 
 def test_generation_chunks_know_where_they_sit_in_the_step():
     from domains.api import Task
+    from domains.registry import load_all
 
-    tasks = [Task("a", 1, "p1", {}), Task("a", 1, "p2", {}), Task("a", 2, "p3", {}), Task("b", 1, "p4", {})]
-    chunks = generation_chunks(tasks, size=2)
-    assert [(first, [t.prompt for t in chunk]) for first, chunk in chunks] == [(0, ["p1", "p2"]), (2, ["p3"]), (3, ["p4"])]
+    domains = load_all(["arithmetic", "fractions", "tool_lookup"])
+    tasks = [Task(d, 1, p, {}) for d, p in [("arithmetic", "p1"), ("arithmetic", "p2"), ("tool_lookup", "p3"),
+                                             ("fractions", "p4"), ("arithmetic", "p5")]]
+    tasks = [t for kind in by_rollout(tasks, domains) for t in kind]  # as the trainer orders them
+    chunks = generation_chunks(tasks, size=2, domains=domains)
+    # the math domains sample together; the tool episodes (their own kind and budget) apart
+    assert [(first, [t.prompt for t in chunk]) for first, chunk in chunks] == [
+        (0, ["p1", "p2"]), (2, ["p4", "p5"]), (4, ["p3"])]
 
 
 # -- loss normalisation, one process playing every rank ---------------------------------------------

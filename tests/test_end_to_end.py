@@ -178,3 +178,45 @@ def test_a_domain_without_held_out_tasks_trains_and_is_left_out_of_the_stored_ev
         stored = [m for m in store.metrics(stored_run["id"]) if "heldout/macro" in m]
     assert [m["step"] for m in stored] == [0, 1] and all(len(m["heldout/domains"]) == 1 for m in stored)
     assert _resume_hint(None) == "resume from the last checkpoint saved (none was saved now)"
+
+
+def test_a_verifier_pool_that_cannot_start_stops_the_run_before_any_step(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from domains.pool import VerifierPoolBroken
+    from trainer.app import run
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # spawned workers try pool_helpers from here
+    config = tiny_config(tmp_path, domains=["pool_helpers:UNSTARTABLE"], sft={"steps": 0})
+    with pytest.raises(VerifierPoolBroken, match="workers keep dying at start-up"):
+        run(config)  # the evaluation before GRPO is the first verification
+    with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
+        [stored] = store.runs()
+        assert stored["status"] == "failed" and store.count_results(stored["id"]) == 0
+
+
+@pytest.mark.parametrize("sft_threads, expected", [(None, "all"), (3, 3)])
+def test_the_warm_start_runs_on_its_own_thread_count_and_the_trainer_gets_its_own_back(
+        tmp_path, monkeypatch, sft_threads, expected):
+    import os
+
+    import trainer.grpo
+
+    seen = {}
+    real_warm_start = trainer.grpo.warm_start
+
+    def recording_warm_start(*args, **kwargs):
+        seen["sft"] = torch.get_num_threads()
+        return real_warm_start(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.grpo, "warm_start", recording_warm_start)
+    config = tiny_config(tmp_path, domains=["arithmetic"], trainer={"steps": 1, "cpu_threads": 1},
+                         sft={"steps": 1, "cpu_threads": sft_threads})
+    recipe = GRPORecipe(config)
+    try:
+        recipe.setup()
+        recipe.train()
+        seen["after"] = torch.get_num_threads()
+    finally:
+        recipe.cleanup()
+    assert seen == {"sft": os.cpu_count() if expected == "all" else expected, "after": 1}

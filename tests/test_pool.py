@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # spawned workers import pool_he
 from pool_helpers import UNRULY, task  # noqa: E402
 
 from domains.api import Status, Task, user_prompt  # noqa: E402
-from domains.pool import Verdict, VerifierPool, verify_guarded  # noqa: E402
+from domains.pool import Verdict, VerifierPool, VerifierPoolBroken, verify_guarded  # noqa: E402
 
 DEADLINE_S = UNRULY.config.verify_timeout_s
 RESULT_WAIT_S = 30  # a bound on Future.result so a broken pool fails the test instead of hanging
@@ -170,3 +170,15 @@ def test_a_warm_up_that_fails_leaves_the_error_to_verify() -> None:
     broken = Broken()
     warm_up({"broken": broken, "times_out": TimesOut()})  # the worker must still come up and answer calls
     assert verify_guarded(broken, task(), "ok").status == Status.OK
+
+
+def test_a_pool_whose_workers_cannot_start_fails_loudly_after_resolving_its_calls() -> None:
+    from pool_helpers import UNSTARTABLE
+
+    with VerifierPool({"unstartable": UNSTARTABLE}, workers=1) as pool:
+        pool.raise_if_broken()  # nothing has failed yet
+        doomed = Task("unstartable", 1, user_prompt("x"), {})
+        verdict = pool.submit(doomed, "ok").result(timeout=RESULT_WAIT_S)  # resolved, never left waiting
+        assert verdict.result.status == Status.ERROR and "start-up" in verdict.result.details["message"]
+        with pytest.raises(VerifierPoolBroken, match="verification stopped: verifier workers keep dying"):
+            pool.raise_if_broken()

@@ -102,6 +102,22 @@ def test_steps_never_scored_are_dropped_and_a_foreign_completion_is_refused(curr
         curriculum.palestra_reward(prompts=[""], completions=["x"])
 
 
+def test_a_verifier_pool_that_cannot_start_fails_the_reward_call_and_records_nothing(tmp_path):
+    from domains.pool import VerifierPoolBroken
+    from pool_helpers import UNSTARTABLE
+
+    store = StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}")
+    cur = TRLCurriculum({"unstartable": UNSTARTABLE}, BatchShape(1, 2, 2), UniformConfig(), FixedDifficultyConfig(),
+                        store, verifier_workers=1, owns_store=True)
+    try:
+        rows = cur.rows()
+        with pytest.raises(VerifierPoolBroken, match="workers keep dying at start-up"):
+            _call(cur, _as_trl_batch([next(rows)], 2), 0, 2)  # not two error rewards TRL would train on
+        assert cur.recorded_steps == [] and store.count_results(cur.run_id) == 0
+    finally:
+        cur.close()
+
+
 def test_completion_text_reads_plain_and_chat_completions():
     assert completion_text("\\boxed{4}") == "\\boxed{4}"
     assert completion_text(_chat("\\boxed{4}")) == "\\boxed{4}"

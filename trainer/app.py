@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from curriculum.config import fill_run_defaults
 from curriculum.store import StoreUnavailable
 from domains.backend import VerifierBackendUnavailable
+from domains.pool import VerifierPoolBroken
 from trainer.vllm_engine import VLLMUnavailable
 from domains.registry import DomainError
 from trainer.config import ConfigError, PalestraConfig, validate_config
@@ -65,7 +66,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         if _launched_ranks() > 1 and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise ConfigError("a torchrun launch trains one run; start one launch per sweep point instead of -m")
         summary = run(config)
-    except (ConfigError, DomainError, StoreUnavailable, VerifierBackendUnavailable, VLLMUnavailable) as exc:
+    except (ConfigError, DomainError, StoreUnavailable, VerifierBackendUnavailable, VerifierPoolBroken,
+            VLLMUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     print(json.dumps(_result_line(summary)))

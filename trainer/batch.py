@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from domains.api import Task
+from domains.api import Domain, Task
 from domains.pool import Verdict
-from trainer.episodes import by_domain
+from trainer.episodes import by_rollout
 from trainer.rollout import Rollout
 
 
@@ -90,11 +90,11 @@ def _repad(r: Rollout, width: int, length: int, pad_id: int) -> Rollout:
     )
 
 
-def generation_chunks(tasks: list[Task], size: int) -> list[tuple[int, list[Task]]]:
+def generation_chunks(tasks: list[Task], size: int, domains: dict[str, Domain]) -> list[tuple[int, list[Task]]]:
     """(position of the first task, tasks) for generation batches of at most ``size`` tasks of one
-    domain; ``tasks`` come in domain runs, so each run starts where the previous one ended."""
+    rollout kind; ``tasks`` come in runs of one kind, so each run starts where the previous one ended."""
     chunks, start = [], 0
-    for kind in by_domain(tasks):
+    for kind in by_rollout(tasks, domains):
         chunks += [(start + first, kind[first:first + size]) for first in range(0, len(kind), size)]
         start += len(kind)
     return chunks

@@ -126,8 +126,8 @@ def sample_rows(
 ) -> tuple[Rollout, list[str]]:
     """One completion per row: a single generation, or a whole episode for tool domains.
 
-    ``rows`` must come from one domain (see ``by_domain``), whose own ``max_new_tokens`` option,
-    when set, replaces the trainer's budget."""
+    ``rows`` must share one rollout kind (see ``by_rollout``); their domains' own ``max_new_tokens``
+    option, when set, replaces the trainer's budget."""
     domain = domains[rows[0].domain]
     budget = domain.config.max_new_tokens or max_new_tokens
     if is_multi_turn(domain):
@@ -140,12 +140,16 @@ def sample_rows(
     return rollout, tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=False)
 
 
-def by_domain(tasks: list[Task]) -> list[list[Task]]:
-    """Tasks grouped by domain (each group keeps the original order): a generation batch then has
-    one token budget and one kind of rollout."""
-    groups: dict[str, list[Task]] = {}
+def by_rollout(tasks: list[Task], domains: dict[str, Domain]) -> list[list[Task]]:
+    """Tasks grouped by how they are sampled — single completions or tool episodes, under which
+    token budget — each group in the original order. A generation batch needs one kind and one
+    budget, not one domain: three math domains then decode together instead of one after another,
+    which on a CPU, where a decoding step costs about the same for 8 rows as for 64, saves most of
+    the generation time."""
+    groups: dict[tuple[bool, int | None], list[Task]] = {}
     for task in tasks:
-        groups.setdefault(task.domain, []).append(task)
+        domain = domains[task.domain]
+        groups.setdefault((is_multi_turn(domain), domain.config.max_new_tokens), []).append(task)
     return list(groups.values())
 
 

@@ -8,7 +8,7 @@ import torch
 
 from domains.api import Domain, Task
 from domains.backend import Pool
-from trainer.episodes import by_domain, sample_rows
+from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate
 
 
@@ -33,7 +33,7 @@ def evaluate(
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     futures, ordered = [], []
     model.eval()
-    for kind in by_domain(tasks):
+    for kind in by_rollout(tasks, pool.domains):
         for start in range(0, len(kind), batch_size):
             chunk = kind[start:start + batch_size]
             _, texts = sample_rows(model, tokenizer, chunk, pool.domains, max_new_tokens=max_new_tokens,
@@ -45,6 +45,7 @@ def evaluate(
     hits: Hits = defaultdict(list)
     for task, future in zip(ordered, futures):
         hits[(task.domain, task.level)].append(float(future.result().result.correct))
+    pool.raise_if_broken()
     return dict(hits)
 
 

@@ -11,6 +11,7 @@ plans and records (``trainer/distributed.py`` explains the split).
 from __future__ import annotations
 
 import contextlib
+import os
 import math
 import random
 import signal
@@ -42,7 +43,7 @@ from trainer.health import HealthMonitor
 from trainer.losses import grpo_loss, group_advantages
 from trainer.metrics import MetricsLogger
 from trainer.models import load_model, load_tokenizer, model_path, pick_device
-from trainer.episodes import by_domain, sample_rows
+from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate, sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss, warm_start
 from trainer.tasks import TaskSource
@@ -158,8 +159,9 @@ class GRPORecipe:
         assert self.logger is not None
         if self.start_step == 0:
             self.logger.write(f"SFT warm start: {cfg.sft.steps} steps")
-            warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.tasks.draw, seed=cfg.seed,
-                       log=lambda s, m: self.logger.log(s, m, phase="sft"))
+            with self._cpu_threads(cfg.sft.cpu_threads or max(1, (os.cpu_count() or 1) // self.world.size)):
+                warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.tasks.draw, seed=cfg.seed,
+                           log=lambda s, m: self.logger.log(s, m, phase="sft"))
             # every rank ran the same warm start; rank 0's weights win should a kernel differ
             self.world.broadcast_parameters(self.model)
             self._engine_stale = True
@@ -189,6 +191,18 @@ class GRPORecipe:
             # whose store write failed skips that step's statistics), so ``step`` is complete
             self._checkpoint_unwritten(step, exc)
         return self.summary()
+
+    @contextlib.contextmanager
+    def _cpu_threads(self, threads: int):
+        """Torch's CPU threads set to ``threads`` for a phase, then back to the trainer's own."""
+        if self.device.type != "cpu":
+            yield
+            return
+        torch.set_num_threads(threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(self.cfg.trainer.cpu_threads)
 
     def summary(self) -> dict[str, Any]:
         hits = self.heldout_hits
@@ -310,12 +324,12 @@ class GRPORecipe:
         t = self.cfg.trainer
         assert self.pool is not None
         per_chunk = max(1, t.rollout_batch_size // t.group_size)
-        tasks = [task for kind in by_domain(tasks) for task in kind]  # domain runs, so shares split them alike
+        tasks = [task for kind in by_rollout(tasks, self.domains) for task in kind]  # shares split kinds alike
         lo, hi = self.world.share(len(tasks))
         parts, futures = [], []
         start = time.perf_counter()
         self.model.eval()
-        for first, chunk in generation_chunks(tasks[lo:hi], per_chunk):
+        for first, chunk in generation_chunks(tasks[lo:hi], per_chunk, self.domains):
             rows = [task for task in chunk for _ in range(t.group_size)]
             noise = torch.Generator(device=self.device).manual_seed(chunk_seed(self.cfg.seed, *seed_key, lo + first))
             with self._autocast():
@@ -330,6 +344,7 @@ class GRPORecipe:
         start = time.perf_counter()
         for part, pending in zip(parts, futures):
             part.verdicts = [f.result() for f in pending]
+        self.pool.raise_if_broken()  # before a batch of error verdicts reaches the model or the store
         parts = [part for share in self.world.gather(parts) for part in share]  # rank order = task order
         timer["verify_wait"] += time.perf_counter() - start  # with several ranks: until every share is in
         return concat(parts, self.tokenizer.pad_token_id)

@@ -241,6 +241,7 @@ class TRLCurriculum:
         with self._lock:
             tasks = [self._task_at(step, group) for step, group in keys]
         verdicts = self.pool.verify_many(list(zip(tasks, texts)))
+        self.pool.raise_if_broken()
         with self._lock:
             for (step, group), text, verdict in zip(keys, texts, verdicts):
                 self._open[step].add(step, group, text, verdict, self.shape.group_size)

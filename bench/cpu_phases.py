@@ -1,0 +1,108 @@
+"""Two CPU savings of the trainer, each measured side by side with what it replaced.
+
+1. Rollouts batched by kind: one training step's tasks (16 prompts x 8 completions over the default
+   mix plus the three tool domains) sampled in generation batches of one rollout kind (single
+   completions or tool episodes, one token budget) — against one batch per domain, as before.
+2. The SFT warm start on this rank's share of the cores — against one thread, the trainer's
+   setting for GRPO (which leaves a core to the verifier workers).
+
+Rounds alternate the two sides so that load from anything else on the machine hits both alike.
+Both use the built-in tiny model with random weights: it never stops early, so every batch runs to
+its token budget (the worst case for both sides). The last two lines are the time ratios
+new/old (below 1 is faster).
+
+    python bench/cpu_phases.py [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from domains.registry import load_all  # noqa: E402
+from trainer.episodes import by_rollout, sample_rows  # noqa: E402
+from trainer.models import load_model, load_tokenizer  # noqa: E402
+from trainer.sft import _accumulate_by_domain  # noqa: E402
+from trainer.tiny_model import build_tiny_model  # noqa: E402
+
+DOMAINS = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists",
+           "tool_calculator", "tool_kv_store", "tool_lookup"]
+PROMPTS, GROUP, SFT_BATCH, SFT_STEPS = 16, 8, 64, 10
+
+
+def step_tasks(domains, rng: random.Random) -> list:
+    names = sorted(domains)
+    return [domains[name].sample(1, 1, rng)[0] for name in rng.choices(names, k=PROMPTS)]
+
+
+def by_domain(tasks) -> list[list]:
+    groups: dict[str, list] = {}
+    for task in tasks:
+        groups.setdefault(task.domain, []).append(task)
+    return list(groups.values())
+
+
+def time_rollouts(model, tokenizer, domains, tasks, grouping) -> float:
+    start = time.perf_counter()
+    for kind in grouping(tasks):
+        rows = [task for task in kind for _ in range(GROUP)]
+        sample_rows(model, tokenizer, rows, domains, max_new_tokens=16, max_episode_tokens=256, temperature=1.0,
+                    generator=torch.Generator().manual_seed(0))
+    return time.perf_counter() - start
+
+
+def time_sft(model, tokenizer, domains, rng: random.Random, threads: int) -> float:
+    torch.set_num_threads(threads)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    slots = [(name, level) for name in sorted(domains) for level in domains[name].levels]
+    start = time.perf_counter()
+    for _ in range(SFT_STEPS):
+        tasks = [domains[name].sample(level, 1, rng)[0] for name, level in rng.choices(slots, k=SFT_BATCH)]
+        optimizer.zero_grad(set_to_none=True)
+        _accumulate_by_domain(model, tokenizer, tasks, domains)
+        optimizer.step()
+    return (time.perf_counter() - start) / SFT_STEPS
+
+
+def ratio_line(label: str, new: list[float], old: list[float], unit: str) -> str:
+    n, o = statistics.median(new), statistics.median(old)
+    return f"{label}: {n:.3f} vs {o:.3f} {unit} -> ratio new/old {n / o:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    domains = load_all(DOMAINS)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(build_tiny_model(Path(tmp) / "tiny"))
+        tokenizer, model = load_tokenizer(path, tiny=True), load_model(path, torch.device("cpu"))
+        share = max(1, os.cpu_count() or 1)
+
+        torch.set_num_threads(1)  # the trainer's setting while it samples
+        grouped, per_domain = [], []
+        for round_ in range(args.rounds):
+            tasks = step_tasks(domains, random.Random(round_))
+            grouped.append(time_rollouts(model, tokenizer, domains, tasks, lambda t: by_rollout(t, domains)))
+            per_domain.append(time_rollouts(model, tokenizer, domains, tasks, by_domain))
+
+        shared, single = [], []
+        for round_ in range(args.rounds):
+            shared.append(time_sft(model, tokenizer, domains, random.Random(round_), share))
+            single.append(time_sft(model, tokenizer, domains, random.Random(round_), 1))
+
+    print(ratio_line(f"rollouts of one step ({PROMPTS}x{GROUP}), by kind vs by domain", grouped, per_domain, "s"))
+    print(ratio_line(f"SFT step ({SFT_BATCH} examples), {share} threads vs 1", shared, single, "s"))
+
+
+if __name__ == "__main__":
+    main()
