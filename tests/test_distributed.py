@@ -49,14 +49,14 @@ def test_generation_chunks_know_where_they_sit_in_the_step():
     from domains.api import Task
     from domains.registry import load_all
 
-    domains = load_all(["arithmetic", "fractions", "tool_lookup"])
-    tasks = [Task(d, 1, p, {}) for d, p in [("arithmetic", "p1"), ("arithmetic", "p2"), ("tool_lookup", "p3"),
-                                             ("fractions", "p4"), ("arithmetic", "p5")]]
+    domains = load_all(["arithmetic", "fractions", "code_lists", "tool_lookup"])
+    tasks = [Task(d, 1, p, {}) for d, p in [("tool_lookup", "p0"), ("arithmetic", "p1"), ("code_lists", "p2"),
+                                             ("arithmetic", "p3"), ("fractions", "p4"), ("arithmetic", "p5")]]
     tasks = [t for kind in by_rollout(tasks, domains) for t in kind]  # as the trainer orders them
     chunks = generation_chunks(tasks, size=2, domains=domains)
-    # the math domains sample together; the tool episodes (their own kind and budget) apart
+    # the math domains sample together, then code (its own budget), then the tool episodes
     assert [(first, [t.prompt for t in chunk]) for first, chunk in chunks] == [
-        (0, ["p1", "p2"]), (2, ["p4", "p5"]), (4, ["p3"])]
+        (0, ["p1", "p3"]), (2, ["p4", "p5"]), (4, ["p2"]), (5, ["p0"])]
 
 
 # -- loss normalisation, one process playing every rank ---------------------------------------------

@@ -145,12 +145,13 @@ def by_rollout(tasks: list[Task], domains: dict[str, Domain]) -> list[list[Task]
     token budget — each group in the original order. A generation batch needs one kind and one
     budget, not one domain: three math domains then decode together instead of one after another,
     which on a CPU, where a decoding step costs about the same for 8 rows as for 64, saves most of
-    the generation time."""
-    groups: dict[tuple[bool, int | None], list[Task]] = {}
+    the generation time. The groups come cheapest first and tool episodes last, so the verification
+    of the earlier ones (a sandbox run per code completion) overlaps the longest generation."""
+    groups: dict[tuple[bool, int], list[Task]] = {}
     for task in tasks:
         domain = domains[task.domain]
-        groups.setdefault((is_multi_turn(domain), domain.config.max_new_tokens), []).append(task)
-    return list(groups.values())
+        groups.setdefault((is_multi_turn(domain), domain.config.max_new_tokens or 0), []).append(task)
+    return [groups[kind] for kind in sorted(groups)]
 
 
 def transcript_tokens(tokenizer, transcript: str) -> tuple[list[int], list[int]]:
