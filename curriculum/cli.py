@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from curriculum.store import SchemaVersionError, StoreUnavailable
 from domains.api import Task
+from domains.pool import VerifierPoolBroken
 from domains.registry import DomainError, available, load
 
 
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (DomainError, KeyError, FileNotFoundError, ValueError, SQLAlchemyError, SchemaVersionError, StoreUnavailable) as exc:
+    except (DomainError, KeyError, FileNotFoundError, ValueError, SQLAlchemyError, SchemaVersionError, StoreUnavailable,
+            VerifierPoolBroken) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"error: {' '.join(str(message).split())[:300]}", file=sys.stderr)
         return 2
@@ -236,8 +238,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{args.input}:{number}: not a {{task, completion}} line ({type(exc).__name__}: {exc})") from None
     with VerifierPool({domain.name: domain}, workers=args.workers) as pool:
-        for verdict in pool.verify_many([(_renamed(t, domain.name), c) for t, c in items]):
-            print(json.dumps(verdict.result.to_json(), default=str))
+        verdicts = pool.verify_many([(_renamed(t, domain.name), c) for t, c in items])
+        pool.raise_if_broken()  # no verdicts printed: none of them would mean anything
+    for verdict in verdicts:
+        print(json.dumps(verdict.result.to_json(), default=str))
     return 0
 
 

@@ -57,6 +57,7 @@ def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int
             report.version_changes[row["domain"]] = f"{row['verifier_version']} -> {now}"
     with VerifierPool(domains, workers=workers) as pool:
         verdicts = pool.verify_many([(Task.from_json(tasks[r["task_id"]]), r["completion"]) for r in checkable])
+        pool.raise_if_broken()  # not a report of every row as a mismatch
     for row, verdict in zip(checkable, verdicts):
         report.checked += 1
         result = verdict.result

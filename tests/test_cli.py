@@ -115,6 +115,21 @@ def test_malformed_verify_input_names_the_line(tmp_path, capsys):
     assert "bad.jsonl:1" in capsys.readouterr().err
 
 
+def test_verify_with_workers_that_cannot_start_is_a_one_line_error_not_a_page_of_error_verdicts(
+        tmp_path, capsys, monkeypatch):
+    from pathlib import Path
+
+    from domains.api import Task, user_prompt
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # pool_helpers: a domain no worker can load
+    task = Task("unstartable", 1, user_prompt("x"), {})
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"task": task.to_json(), "completion": "ok"}) + "\n")
+    assert main(["verify", "--domain", "pool_helpers:UNSTARTABLE", "--input", str(path), "--workers", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "workers keep dying at start-up" in err and len(err.strip().splitlines()) == 1
+
+
 def test_help_lists_every_command(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--help"])

@@ -219,4 +219,42 @@ def test_the_warm_start_runs_on_its_own_thread_count_and_the_trainer_gets_its_ow
         seen["after"] = torch.get_num_threads()
     finally:
         recipe.cleanup()
-    assert seen == {"sft": os.cpu_count() if expected == "all" else expected, "after": 1}
+    assert seen == {"sft": len(os.sched_getaffinity(0)) if expected == "all" else expected, "after": 1}
+
+
+def test_a_pool_broken_during_the_warm_start_ends_the_run_at_the_next_sft_log(tmp_path):
+    from domains.pool import VerifierPoolBroken
+
+    recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], sft={"steps": 200}))
+    try:
+        recipe.setup()
+        recipe.pool.broken = "verifier workers keep dying at start-up"  # as the dispatcher marks it
+        with pytest.raises(VerifierPoolBroken, match="keep dying"):
+            recipe.train()
+    finally:
+        recipe.cleanup()
+    logged = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert not [r for r in logged if r["phase"] == "sft"]  # stopped at step 25 of 200, before its log line
+
+
+def test_a_pool_broken_at_the_final_evaluation_keeps_the_trained_steps_in_a_checkpoint(tmp_path):
+    from domains.pool import VerifierPoolBroken
+
+    recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], trainer={"steps": 2},
+                                    checkpoint={"every": 0}))
+    try:
+        recipe.setup()
+        train_step = recipe.train_step
+
+        def step_then_break(step):
+            metrics = train_step(step)
+            if step == 2:
+                recipe.pool.broken = "verifier workers keep dying at start-up"
+            return metrics
+
+        recipe.train_step = step_then_break
+        with pytest.raises(VerifierPoolBroken, match=r"resume with resume=.*step-0000002"):
+            recipe.train()
+    finally:
+        recipe.cleanup()
+    assert (tmp_path / "run" / "checkpoints" / "step-0000002" / "trainer_state.pt").exists()

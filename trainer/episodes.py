@@ -145,8 +145,9 @@ def by_rollout(tasks: list[Task], domains: dict[str, Domain]) -> list[list[Task]
     token budget — each group in the original order. A generation batch needs one kind and one
     budget, not one domain: three math domains then decode together instead of one after another,
     which on a CPU, where a decoding step costs about the same for 8 rows as for 64, saves most of
-    the generation time. The groups come cheapest first and tool episodes last, so the verification
-    of the earlier ones (a sandbox run per code completion) overlaps the longest generation."""
+    the generation time. Single completions come first (by budget, the trainer's own first) and tool
+    episodes last, so the verification of the earlier groups (a sandbox run per code completion)
+    overlaps the longest generation."""
     groups: dict[tuple[bool, int], list[Task]] = {}
     for task in tasks:
         domain = domains[task.domain]

@@ -11,8 +11,8 @@ plans and records (``trainer/distributed.py`` explains the split).
 from __future__ import annotations
 
 import contextlib
-import os
 import math
+import os
 import random
 import signal
 import threading
@@ -32,7 +32,7 @@ from curriculum.store import StatsStore, StoreUnavailable
 from curriculum.types import Plan
 from domains.api import Task
 from domains.backend import make_pool
-from domains.pool import VerifierPool
+from domains.pool import VerifierPool, VerifierPoolBroken
 from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
 from trainer.batch import (StepBatch, chunk_seed, concat, generation_chunks, rollout_on_cpu, shrink_counts,
@@ -159,9 +159,9 @@ class GRPORecipe:
         assert self.logger is not None
         if self.start_step == 0:
             self.logger.write(f"SFT warm start: {cfg.sft.steps} steps")
-            with self._cpu_threads(cfg.sft.cpu_threads or max(1, (os.cpu_count() or 1) // self.world.size)):
+            with self._cpu_threads(cfg.sft.cpu_threads or _core_share()):
                 warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.tasks.draw, seed=cfg.seed,
-                           log=lambda s, m: self.logger.log(s, m, phase="sft"))
+                           log=self._log_sft)
             # every rank ran the same warm start; rank 0's weights win should a kernel differ
             self.world.broadcast_parameters(self.model)
             self._engine_stale = True
@@ -170,12 +170,13 @@ class GRPORecipe:
                 if self.world.is_main:
                     self.model.save_pretrained(self.output_dir / "sft-model")  # the anchor again on resume
             self._evaluate(0, "held-out success before GRPO", keep="before")
-        step = self.start_step
+        step = done = self.start_step
         self.logger.bar.reset(total=cfg.trainer.steps - self.start_step)  # the GRPO clock starts now
         try:
             with _StopOnSignal() as stop:
                 for step in range(self.start_step + 1, cfg.trainer.steps + 1):
                     metrics = self.train_step(step)
+                    done = step
                     self.logger.advance(step, metrics)
                     if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
                         self._evaluate(step, f"held-out success at step {step}")
@@ -190,7 +191,17 @@ class GRPORecipe:
             # raised once the step is applied to the model and the scheduler (a prompt selector
             # whose store write failed skips that step's statistics), so ``step`` is complete
             self._checkpoint_unwritten(step, exc)
+        except VerifierPoolBroken as exc:
+            # broken at an evaluation after a finished step: that step is saved; a step the pool
+            # broke in never reached the model, and the last periodic checkpoint stands
+            path = self.save_checkpoint(done) if done == step and done > self.start_step else None
+            raise VerifierPoolBroken(f"{exc}; {_resume_hint(path)}") from None
         return self.summary()
+
+    def _log_sft(self, step: int, metrics: dict[str, float]) -> None:
+        assert self.pool is not None and self.logger is not None
+        self.pool.raise_if_broken()  # a pool whose workers cannot start ends the run now, not after SFT
+        self.logger.log(step, metrics, phase="sft")
 
     @contextlib.contextmanager
     def _cpu_threads(self, threads: int):
@@ -305,7 +316,12 @@ class GRPORecipe:
             planned = Counter((task.domain, task.level) for b in generated for task in b.tasks)
             refill = self._collect(self._draw(shrink_counts(planned, missing), plan.step), timer, (plan.step, refill_round))
             generated.append(refill)
-            kept += [(refill_round, p) for p in varied_groups(refill)[:missing]]
+            # keep a random subset of an overshooting refill: the first groups would always favour the
+            # kinds sampled first (math before code before tool episodes)
+            varied = varied_groups(refill)
+            chosen = random.Random(f"refill/{self.cfg.seed}/{plan.step}/{refill_round}").sample(
+                varied, min(missing, len(varied)))
+            kept += [(refill_round, p) for p in sorted(chosen)]
         kept = kept or [(0, p) for p in everything]  # nothing varied: train on zeros (a no-op)
         parts = [generated[r].select([p for r2, p in kept if r2 == r]) for r in range(len(generated))]
         return concat([b for b in parts if b.tasks], self.tokenizer.pad_token_id), generated, kept
@@ -495,6 +511,13 @@ class GRPORecipe:
         if self.logger is not None:
             self.logger.close()
         distributed.shutdown()
+
+
+def _core_share() -> int:
+    """This process's share of the cores it may use (CPU affinity, not the machine's count),
+    split between the ranks torchrun started on this machine."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, usable // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def _resume_hint(path: Path | None) -> str:
