@@ -1,8 +1,9 @@
 """Two CPU savings of the trainer, each measured side by side with what it replaced.
 
 1. Rollouts batched by kind: one training step's tasks (16 prompts x 8 completions over the default
-   mix plus the three tool domains) sampled in generation batches of one rollout kind (single
-   completions or tool episodes, one token budget) — against one batch per domain, as before.
+   mix plus the three tool domains) sampled as the trainer samples them, in generation batches of
+   at most 8 tasks of one rollout kind (single completions or tool episodes, one token budget) —
+   against batches of one domain, as before.
 2. The SFT warm start on this rank's share of the cores — against one thread, the trainer's
    setting for GRPO (which leaves a core to the verifier workers).
 
@@ -29,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from domains.registry import load_all  # noqa: E402
+from trainer.batch import generation_chunks  # noqa: E402
 from trainer.episodes import by_rollout, sample_rows  # noqa: E402
 from trainer.models import load_model, load_tokenizer  # noqa: E402
 from trainer.sft import _accumulate_by_domain  # noqa: E402
@@ -37,6 +39,7 @@ from trainer.tiny_model import build_tiny_model  # noqa: E402
 DOMAINS = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists",
            "tool_calculator", "tool_kv_store", "tool_lookup"]
 PROMPTS, GROUP, SFT_BATCH, SFT_STEPS = 16, 8, 64, 10
+CHUNK = 64 // GROUP  # tasks per generation batch: the trainer's rollout_batch_size // group_size
 
 
 def step_tasks(domains, rng: random.Random) -> list:
@@ -44,17 +47,24 @@ def step_tasks(domains, rng: random.Random) -> list:
     return [domains[name].sample(1, 1, rng)[0] for name in rng.choices(names, k=PROMPTS)]
 
 
-def by_domain(tasks) -> list[list]:
-    groups: dict[str, list] = {}
+def chunks_by_kind(tasks, domains) -> list[list]:
+    """What the trainer samples now: runs of one rollout kind, cut at CHUNK tasks."""
+    ordered = [task for kind in by_rollout(tasks, domains) for task in kind]
+    return [chunk for _, chunk in generation_chunks(ordered, CHUNK, domains)]
+
+
+def chunks_by_domain(tasks, domains) -> list[list]:
+    """What it sampled before: runs of one domain, cut at CHUNK tasks."""
+    runs: dict[str, list] = {}
     for task in tasks:
-        groups.setdefault(task.domain, []).append(task)
-    return list(groups.values())
+        runs.setdefault(task.domain, []).append(task)
+    return [run[i:i + CHUNK] for run in runs.values() for i in range(0, len(run), CHUNK)]
 
 
-def time_rollouts(model, tokenizer, domains, tasks, grouping) -> float:
+def time_rollouts(model, tokenizer, domains, tasks, chunking) -> float:
     start = time.perf_counter()
-    for kind in grouping(tasks):
-        rows = [task for task in kind for _ in range(GROUP)]
+    for chunk in chunking(tasks, domains):
+        rows = [task for task in chunk for _ in range(GROUP)]
         sample_rows(model, tokenizer, rows, domains, max_new_tokens=16, max_episode_tokens=256, temperature=1.0,
                     generator=torch.Generator().manual_seed(0))
     return time.perf_counter() - start
@@ -92,8 +102,8 @@ def main() -> None:
         grouped, per_domain = [], []
         for round_ in range(args.rounds):
             tasks = step_tasks(domains, random.Random(round_))
-            grouped.append(time_rollouts(model, tokenizer, domains, tasks, lambda t: by_rollout(t, domains)))
-            per_domain.append(time_rollouts(model, tokenizer, domains, tasks, by_domain))
+            grouped.append(time_rollouts(model, tokenizer, domains, tasks, chunks_by_kind))
+            per_domain.append(time_rollouts(model, tokenizer, domains, tasks, chunks_by_domain))
 
         shared, single = [], []
         for round_ in range(args.rounds):
