@@ -17,7 +17,6 @@ new/old (below 1 is faster).
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from domains.registry import load_all  # noqa: E402
 from trainer.batch import generation_chunks  # noqa: E402
 from trainer.episodes import by_rollout, sample_rows  # noqa: E402
+from trainer.grpo import core_share  # noqa: E402
 from trainer.models import load_model, load_tokenizer  # noqa: E402
 from trainer.sft import _accumulate_by_domain  # noqa: E402
 from trainer.tiny_model import build_tiny_model  # noqa: E402
@@ -96,7 +96,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = str(build_tiny_model(Path(tmp) / "tiny"))
         tokenizer, model = load_tokenizer(path, tiny=True), load_model(path, torch.device("cpu"))
-        share = max(1, os.cpu_count() or 1)
+        share = core_share()  # what the warm start uses by default
 
         torch.set_num_threads(1)  # the trainer's setting while it samples
         grouped, per_domain = [], []

@@ -102,7 +102,7 @@ class SFTConfig(Strict):
     warmup_steps: int = Field(20, ge=0)
     level_decay: float = Field(0.6, gt=0, le=1)  # share of level k+1 relative to level k (1 = even)
     # Torch threads on the CPU during the warm start. Nothing else runs then (no rollouts to verify),
-    # so null takes this rank's share of the cores: 1.3x faster SFT than one thread on two cores.
+    # so null takes this rank's share of the cores: 1.35-1.45x faster SFT than one thread on two cores.
     cpu_threads: int | None = Field(None, ge=1)
 
 
