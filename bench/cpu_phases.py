@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from domains.registry import load_all  # noqa: E402
 from trainer.batch import generation_chunks  # noqa: E402
 from trainer.episodes import by_rollout, sample_rows  # noqa: E402
-from trainer.grpo import core_share  # noqa: E402
+from trainer.distributed import core_share  # noqa: E402
 from trainer.models import load_model, load_tokenizer  # noqa: E402
 from trainer.sft import _accumulate_by_domain  # noqa: E402
 from trainer.tiny_model import build_tiny_model  # noqa: E402

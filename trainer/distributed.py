@@ -179,6 +179,13 @@ def init() -> World:
     return _current
 
 
+def core_share() -> int:
+    """This process's share of the cores it may use (CPU affinity, not the machine's count),
+    split between the ranks torchrun started on this machine."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, usable // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def shutdown() -> None:
     """Leave the process group (no-op if there is none); ``init`` may join again afterwards."""
     global _current

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 import torch
 
 from domains.api import Domain, Task
+from domains.tools.calls import CLOSE
 from trainer.models import encode_prompt
 from trainer.rollout import Rollout, Sampler, assemble, generate, left_pad
 
-TOOL_CALL_END = "</tool_call>"
+TOOL_CALL_END = CLOSE
 
 
 @dataclass

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
 import signal
 import threading
@@ -159,7 +158,7 @@ class GRPORecipe:
         assert self.logger is not None
         if self.start_step == 0:
             self.logger.write(f"SFT warm start: {cfg.sft.steps} steps")
-            with self._cpu_threads(cfg.sft.cpu_threads or core_share()):
+            with self._cpu_threads(cfg.sft.cpu_threads or distributed.core_share()):
                 warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.tasks.draw, seed=cfg.seed,
                            log=self._log_sft)
             # every rank ran the same warm start; rank 0's weights win should a kernel differ
@@ -511,13 +510,6 @@ class GRPORecipe:
         if self.logger is not None:
             self.logger.close()
         distributed.shutdown()
-
-
-def core_share() -> int:
-    """This process's share of the cores it may use (CPU affinity, not the machine's count),
-    split between the ranks torchrun started on this machine."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, usable // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def _resume_hint(path: Path | None) -> str:

@@ -16,11 +16,14 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from domains.tools.calls import CLOSE, OPEN
+
 SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 CHARACTERS = list(string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", ""))
 # The fixed markup of a compact tool call gets one token per piece, as real tokenizers give
 # ``<tool_call>`` a token of its own and BPE merges JSON punctuation: a call costs ~20 tokens, not ~65.
-MARKUP_TOKENS = ["<tool_call>", "</tool_call>", '{"name":"', '","arguments":{', "}}"]
+# The pieces are those of ``render_call``, the compact form the reference transcripts use.
+MARKUP_TOKENS = [OPEN, CLOSE, '{"name":"', '","arguments":{', "}}"]
 
 # A plain template the tiny model learns from scratch: role marker, content, end marker.
 CHAT_TEMPLATE = (
