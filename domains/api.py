@@ -134,6 +134,28 @@ class Domain:
         return f"<Domain {self.name} levels={list(self.levels)}>"
 
 
+class TaskListDomain(Domain):
+    """A domain over a fixed list of tasks read from a file (``self.tasks``, set when configured),
+    such as a code dataset or BFCL: training draws from a level's tasks, and the held-out set is
+    distinct tasks of the level that always leave one to train on (a small level would otherwise
+    be held out whole, and training would fail when the curriculum reached it)."""
+
+    tasks: list[Task] = []
+
+    def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
+        pool = self._level(level)
+        return rng.sample(pool, n) if n <= len(pool) else rng.choices(pool, k=n)
+
+    def heldout(self, level: int, n: int, seed: int) -> list[Task]:
+        return super().heldout(level, min(n, len(self._level(level)) - 1), seed)
+
+    def _level(self, level: int) -> list[Task]:
+        pool = [t for t in self.tasks if t.level == level]
+        if not pool:
+            raise ValueError(f"{self.name}: no tasks at level {level} (path: {getattr(self.config, 'path', None)})")
+        return pool
+
+
 class DomainFamily(ABC):
     """Many domains generated from one source (e.g. every dataset of a task library).
 

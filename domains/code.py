@@ -34,7 +34,6 @@ import ast
 import json
 import logging
 import math
-import random
 import re
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from domains.api import Domain, DomainConfig, Status, Task, VerifyResult, user_prompt
+from domains.api import Domain, DomainConfig, Status, Task, TaskListDomain, VerifyResult, user_prompt
 from domains.sandbox import (
     SandboxConfig, SandboxProcess, SandboxUnavailable, decode_value, run_script, self_test,
 )
@@ -644,7 +643,7 @@ class CodeDatasetConfig(CodeConfig):
     path: str | None = None  # JSONL file of task rows (HumanEval, APPS-style stdin/stdout or call-based)
 
 
-class CodeDatasetDomain(CodeDomain):
+class CodeDatasetDomain(TaskListDomain, CodeDomain):
     """Code tasks from a JSONL file; levels from each row's ``level`` or ``difficulty`` field."""
 
     name = "code_dataset"
@@ -674,22 +673,6 @@ class CodeDatasetDomain(CodeDomain):
                     return task
             raise ValueError(f"no task {data['task_id']!r} in {self.config.path}")
         return self.task_from_row(data)
-
-    def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
-        pool = self._level(level)
-        return rng.sample(pool, n) if n <= len(pool) else rng.choices(pool, k=n)
-
-    def heldout(self, level: int, n: int, seed: int) -> list[Task]:
-        """Up to ``n`` distinct tasks of ``level``, fixed by ``seed``, always leaving one for
-        training: a small level would otherwise be held out whole and never trained on."""
-        pool = self._level(level)
-        return random.Random(f"heldout/{self.name}/{level}/{seed}").sample(pool, min(n, len(pool) - 1))
-
-    def _level(self, level: int) -> list[Task]:
-        pool = [t for t in self.tasks if t.level == level]
-        if not pool:
-            raise ValueError(f"{self.name}: no tasks at level {level} (path: {self.config.path})")
-        return pool
 
 
 CODE_DATASET = CodeDatasetDomain()

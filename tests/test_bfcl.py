@@ -170,6 +170,16 @@ def test_config_loads_rows_and_joins_answers(tmp_path):
     assert task.meta["bfcl_id"] == "parallel_0" and domain.verify(task, domain.reference(task)).correct
 
 
+def test_held_out_tasks_are_distinct_and_leave_every_level_one_to_train_on(tmp_path):
+    path = tmp_path / "rows.json"
+    rows = [{**ROWS[0], "id": f"simple_{i}"} for i in range(3)]  # a level of three tasks
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    domain = load("bfcl", {"path": str(path)})
+    held = domain.heldout(1, 16, seed=0)  # asks for more than the level has
+    assert len(held) == 2 and len({t.meta["bfcl_id"] for t in held}) == 2
+    assert domain.heldout(1, 16, seed=0) == held  # fixed by the seed
+
+
 def test_cli_verify_takes_raw_rows(tmp_path, capsys):
     lines = [{"task": SIMPLE, "completion": render_call("calculate_triangle_area", base=10, height=5)},
              {"task": PARALLEL, "completion": render_call("spotify.play", artist="Maroon 5", duration=15)},

@@ -27,12 +27,11 @@ JavaScript, multi-turn) are not read.
 from __future__ import annotations
 
 import json
-import random
 import re
 from pathlib import Path
 from typing import Any
 
-from domains.api import Domain, DomainConfig, Status, Task, VerifyResult
+from domains.api import DomainConfig, Status, Task, TaskListDomain, VerifyResult
 from domains.tools.calls import Call, CallFormatError, call_from_json, loads_strict, parse_turn, render_call
 
 MAX_ANSWER_CHARS = 65_536  # BFCL arguments can be long (code, text); still bounded
@@ -240,7 +239,7 @@ class BFCLConfig(DomainConfig):
     answers_path: str | None = None  # BFCL's possible_answer file, joined by id, when rows lack it
 
 
-class BFCLDomain(Domain):
+class BFCLDomain(TaskListDomain):
     name = "bfcl"
     levels = (1, 2, 3, 4)
     Config = BFCLConfig
@@ -264,12 +263,6 @@ class BFCLDomain(Domain):
         if "ground_truth" not in data and data.get("id") in self.answers:
             data = {**data, "ground_truth": self.answers[data["id"]]}
         return row_to_task(data, self.name)
-
-    def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
-        pool = [t for t in self.tasks if t.level == level]
-        if not pool:
-            raise ValueError(f"{self.name}: no tasks at level {level} (path: {self.config.path})")
-        return rng.sample(pool, n) if n <= len(pool) else rng.choices(pool, k=n)
 
     def reference(self, task: Task) -> str:
         return reference_calls(task.payload["functions"], task.payload["ground_truth"])
