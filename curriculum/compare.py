@@ -70,6 +70,9 @@ class Comparison:
 
 
 # -- writing (simulator and trainer) -------------------------------------------------------------------
+DEFAULT_MASTERY = 0.8  # held-out success that counts as mastered, where a run's config does not say
+
+
 def heldout_metrics(heldout: np.ndarray, mastery: float, with_domains: bool) -> dict:
     """The ``heldout/*`` metrics a run stores for ``load_run``, from per-domain held-out success."""
     worst = np.sort(heldout)[: max(1, len(heldout) // 10)]
@@ -138,7 +141,7 @@ def split_labels(runs: list[dict]) -> dict[str, str]:
 
 
 # -- metrics -----------------------------------------------------------------------------------------
-def run_metrics(c: RunCurves, target: float, mastery: float = 0.8) -> dict[str, float]:
+def run_metrics(c: RunCurves, target: float, mastery: float = DEFAULT_MASTERY) -> dict[str, float]:
     """The comparison metrics of one run already cut at the budget."""
     gained = np.diff(np.concatenate([[0.0], c.rollouts]))
     auc = float((c.macro * gained).sum() / max(c.rollouts[-1], 1.0))
@@ -180,7 +183,7 @@ def paired_ci(diffs: np.ndarray, level: float = 0.95) -> tuple[float, float, flo
 
 def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "uniform",
                    target: float | None = None, metric_key: str = "heldout/macro",
-                   mastery: float = 0.8) -> Comparison:
+                   mastery: float = DEFAULT_MASTERY) -> Comparison:
     """Cut every run at the common budget, score it, and pair each policy with ``baseline`` by seed."""
     if not curves:
         raise ValueError(f"sweep {sweep_id!r} has no runs with metric {metric_key!r}")
@@ -239,7 +242,7 @@ def compare_sweep(store, sweep_id: str, baseline: str = "uniform", target: float
         if c is not None:
             c.label = labels[run["id"]]
             curves.append(c)
-    mastery = float(((runs[0].get("config") or {}).get("sim") or {}).get("mastery", 0.8))
+    mastery = float(((runs[0].get("config") or {}).get("sim") or {}).get("mastery", DEFAULT_MASTERY))
     return compare_curves(curves, sweep_id, baseline, target, metric_key, mastery)
 
 

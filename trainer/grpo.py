@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from curriculum.compare import heldout_metrics
+from curriculum.compare import DEFAULT_MASTERY, heldout_metrics
 from curriculum.config import check_against_domains
 from curriculum.prompts import PromptSelector
 from curriculum.scheduler import Scheduler, StepWriteFailed
@@ -252,7 +252,7 @@ class GRPORecipe:
         if not len(per_domain):
             return
         values = {**{k.replace("eval/", "heldout/", 1): v for k, v in metrics.items()},
-                  **heldout_metrics(per_domain, mastery=0.8, with_domains=True)}
+                  **heldout_metrics(per_domain, mastery=DEFAULT_MASTERY, with_domains=True)}
         self.scheduler.flush()  # the step's own row first: merging into it must not race its write
         try:
             self.store.merge_metrics(self.run_id, step, values)

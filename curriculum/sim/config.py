@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from curriculum.compare import DEFAULT_MASTERY
 from curriculum.config import DifficultyConfig, PolicyConfig, StoreConfig, describe_error
 
 
@@ -54,7 +55,7 @@ class ScenarioConfig(_Strict):
     size_max: int = Field(0, ge=0)
     # logging
     domains_every: int = Field(10, ge=1, description="log the per-domain held-out vector every k steps")
-    mastery: float = Field(0.8, gt=0, le=1, description="held-out success that counts as mastered")
+    mastery: float = Field(DEFAULT_MASTERY, gt=0, le=1, description="held-out success that counts as mastered")
 
     @model_validator(mode="after")
     def _check(self) -> "ScenarioConfig":
