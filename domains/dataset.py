@@ -1,7 +1,9 @@
 """A math domain backed by a file of problems (JSONL or Parquet) with gold answers.
 
 Each row has ``prompt`` (text, or a list of chat messages) and ``answer`` (the gold answer, any
-form math-verify can parse), and optionally ``level`` (an integer difficulty) and ``id``. Files are
+form math-verify can parse), and optionally ``level`` (an integer difficulty) and ``id``. With the
+option ``reference_field`` (e.g. MATH's ``solution``), that field is a worked solution the SFT warm
+start trains on instead of the bare boxed answer; a row without it falls back to the box. Files are
 JSONL (one object per line; a ``.json`` file may instead hold one array) or Parquet (pyarrow). The field
 names for prompt and answer can be changed with options, so a GSM8K- or MATH-style file loads
 without rewriting it. Levels are the distinct levels in the file, or ``default_level`` for rows
@@ -35,6 +37,7 @@ class DatasetConfig(MathConfig):
     name: str | None = None  # the domain's name in the run (two files: two named instances, README)
     prompt_field: str = "prompt"
     answer_field: str = "answer"
+    reference_field: str | None = None  # a worked solution for the SFT warm start, when the file has one
     default_level: int = 1
     heldout_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
 
@@ -50,6 +53,7 @@ class Row:
     level: int
     key: str  # the row's id, or a hash of its content
     line: int  # 1-based line (JSONL) or row number (Parquet), for messages
+    reference: str | None = None  # worked solution, from ``reference_field``
 
 
 def _read_json_array(path: Path) -> list[tuple[int, Any]]:
@@ -139,7 +143,17 @@ def parse_row(number: int, record: Any, config: DatasetConfig, where: str) -> Ro
     answer = _as_answer(record[config.answer_field], where)
     level = _as_level(record.get("level"), config.default_level, where)
     key = str(record["id"]) if record.get("id") is not None else stable_hash(prompt, answer)
-    return Row(prompt=prompt, answer=answer, level=level, key=key, line=number)
+    return Row(prompt=prompt, answer=answer, level=level, key=key, line=number,
+               reference=_as_reference(record, config.reference_field, where))
+
+
+def _as_reference(record: dict, field: str | None, where: str) -> str | None:
+    value = record.get(field) if field else None
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise DatasetError(f"{where}: {field} must be a string (a worked solution), got {type(value).__name__}")
+    return value
 
 
 def is_heldout(key: str, fraction: float) -> bool:
@@ -218,7 +232,8 @@ class MathDataset(MathAnswerDomain):
 
     def _task(self, row: Row) -> Task:
         return Task(domain=self.name, level=row.level, prompt=row.prompt, payload={"answer": row.answer},
-                    meta={"row_id": row.key, "line": row.line}, id=stable_hash(self.name, row.key))
+                    meta={"row_id": row.key, "line": row.line, "solution": row.reference},
+                    id=stable_hash(self.name, row.key))
 
 
 MATH_DATASET = MathDataset()

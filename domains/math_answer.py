@@ -330,7 +330,8 @@ class MathAnswerDomain(Domain):
         return grade_answer(completion, str(task.payload["answer"]), self.config)  # type: ignore[arg-type]
 
     def reference(self, task: Task) -> str | None:
-        return _boxed(str(task.payload["answer"]))
+        """The task's worked solution when it has one (``meta['solution']``), else the boxed answer."""
+        return task.meta.get("solution") or _boxed(str(task.payload["answer"]))
 
     def warm_up(self) -> None:
         # importing math-verify pulls in sympy and its LaTeX grammar: seconds on a busy machine,

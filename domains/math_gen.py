@@ -2,9 +2,11 @@
 
 Each family has five difficulty levels and is sized for the built-in tiny model (a ~1M-parameter
 character-level transformer trained for minutes on a CPU): prompts are bare expressions such as
-``12+7=`` (under 40 characters) and the reference completion is only the boxed answer,
-``\\boxed{19}`` (at most 20 characters). Level 1 is single-digit addition; each level adds digits,
-operations, negative numbers or terms. Every random draw goes through the ``rng`` passed to
+``12+7=`` (under 40 characters) and the reference completion is a short worked solution ending in
+the boxed answer, ``2+7=9,1+0=1,\\boxed{19}`` (``domains/math_work.py`` says why and how; at most
+58 characters, within the trainer's default ``max_new_tokens`` of 60). Level 1 is single-digit addition; each level adds digits, operations, negative
+numbers or terms. The worked solution lives in ``Task.meta``: it is how the reference solves the
+problem, not part of the problem, so it does not enter the task id. Every random draw goes through the ``rng`` passed to
 ``sample``, so a seed fixes the tasks exactly.
 
 Held-out sets come from ``Domain.heldout``, and the trainer never draws a held-out task for SFT or
@@ -15,14 +17,16 @@ held-out ones.
 """
 from __future__ import annotations
 
+import math
 import random
 from fractions import Fraction
 from typing import Callable
 
 from domains.api import Task, user_prompt
 from domains.math_answer import MathAnswerDomain
+from domains.math_work import column_add, column_subtract, signed_sum, solution
 
-Problem = tuple[str, str]  # (prompt text, gold answer)
+Problem = tuple[str, str, list[str]]  # (prompt text, gold answer, steps of the worked solution)
 Generator = Callable[[random.Random], Problem]
 
 
@@ -51,43 +55,56 @@ class ProceduralMath(MathAnswerDomain):
             raise ValueError(f"domain {self.name!r} has no level {level} (levels: {list(self.levels)})")
         return [self._task(level, *generate(rng)) for _ in range(n)]
 
-    def _task(self, level: int, prompt: str, answer: str) -> Task:
-        return Task(domain=self.name, level=level, prompt=user_prompt(prompt),
-                    payload={"answer": answer}, meta={"family": self.family})
+    def _task(self, level: int, prompt: str, answer: str, steps: list[str]) -> Task:
+        return Task(domain=self.name, level=level, prompt=user_prompt(prompt), payload={"answer": answer},
+                    meta={"family": self.family, "solution": solution(steps, answer)})
 
 
 # -- arithmetic -------------------------------------------------------------------------------------
 def _add_single(rng: random.Random) -> Problem:
     a, b = rng.randint(0, 9), rng.randint(0, 9)
-    return f"{a}+{b}=", str(a + b)
+    return f"{a}+{b}=", str(a + b), column_add(a, b)
 
 
 def _add_sub_two_digit(rng: random.Random) -> Problem:
     a, b = rng.randint(0, 99), rng.randint(0, 99)
     if rng.random() < 0.5:
-        return f"{a}+{b}=", str(a + b)
+        return f"{a}+{b}=", str(a + b), column_add(a, b)
     a, b = max(a, b), min(a, b)  # level 2 keeps differences non-negative
-    return f"{a}-{b}=", str(a - b)
+    return f"{a}-{b}=", str(a - b), column_subtract(a, b)
 
 
 def _mul_or_negative(rng: random.Random) -> Problem:
     if rng.random() < 0.5:
         a, b = rng.randint(2, 12), rng.randint(2, 12)
-        return f"{a}*{b}=", str(a * b)
+        return f"{a}*{b}=", str(a * b), [f"{a}*{b}={a * b}"]  # times tables are recalled, not worked
     a, b = rng.randint(0, 99), rng.randint(0, 99)
-    return f"{a}-{b}=", str(a - b)  # may be negative
+    return f"{a}-{b}=", str(a - b), signed_sum(a, -b)  # may be negative
+
+
+def _step(left: int, op: str, right: int) -> tuple[str, int]:
+    """One operation of a longer expression, as a step: ``(-17)*13=-221``, and its value."""
+    value = {"+": left + right, "-": left - right, "*": left * right}[op]
+    return f"{left}{op}{_term(right)}={value}", value
 
 
 def _three_terms(rng: random.Random) -> Problem:
     a, b, c = (rng.randint(-20, 20) for _ in range(3))
     if rng.random() < 0.5:
-        return f"{a}+{_term(b)}*{_term(c)}=", str(a + b * c)
-    return f"{a}*{_term(b)}-{_term(c)}=", str(a * b - c)
+        product, p = _step(b, "*", c)
+        total, value = _step(a, "+", p)
+        return f"{a}+{_term(b)}*{_term(c)}=", str(value), [product, total]
+    product, p = _step(a, "*", b)
+    total, value = _step(p, "-", c)
+    return f"{a}*{_term(b)}-{_term(c)}=", str(value), [product, total]
 
 
 def _parenthesised(rng: random.Random) -> Problem:
     a, b, c, d = rng.randint(-50, 50), rng.randint(-50, 50), rng.randint(2, 19), rng.randint(-99, 99)
-    return f"({a}+{_term(b)})*{c}-{_term(d)}=", str((a + b) * c - d)
+    first, s = _step(a, "+", b)
+    second, p = _step(s, "*", c)
+    third, value = _step(p, "-", d)
+    return f"({a}+{_term(b)})*{c}-{_term(d)}=", str(value), [first, second, third]
 
 
 class Arithmetic(ProceduralMath):
@@ -111,25 +128,37 @@ def _equation(left: str, right: int | str) -> str:
     return f"{left}={right}, x="
 
 
+def _isolate(b: int, c: int) -> list[str]:
+    """Steps from ``x+b=c`` to x: move b across, then work out ``c-b``."""
+    return [f"x={c}{'-' if b > 0 else '+'}{abs(b)}", *signed_sum(c, -b)]
+
+
 def _x_plus_b(rng: random.Random) -> Problem:
     x, b = rng.randint(0, 9), rng.randint(1, 9)
-    return _equation(_linear(1, b), x + b), str(x)
+    return _equation(_linear(1, b), x + b), str(x), _isolate(b, x + b)
 
 
 def _x_minus_or_plus(rng: random.Random) -> Problem:
     x, b = rng.randint(0, 20), rng.randint(1, 20)
     b = b if rng.random() < 0.5 else -b
-    return _equation(_linear(1, b), x + b), str(x)
+    return _equation(_linear(1, b), x + b), str(x), _isolate(b, x + b)
+
+
+def _divide(a: int, c: int) -> str:
+    """The last step of ``ax=c``: ``x=-56/8``."""
+    return f"x={c}/{_term(a)}"
 
 
 def _ax_equals_c(rng: random.Random) -> Problem:
     a, x = rng.randint(2, 9), rng.randint(-9, 9)
-    return _equation(_linear(a, 0), a * x), str(x)
+    return _equation(_linear(a, 0), a * x), str(x), [_divide(a, a * x)]
 
 
 def _ax_plus_b(rng: random.Random) -> Problem:
     a, b, x = rng.choice([-1, 1]) * rng.randint(2, 9), rng.randint(-20, 20), rng.randint(-20, 20)
-    return _equation(_linear(a, b), a * x + b), str(x)
+    c = a * x + b
+    steps = [f"{_linear(a, 0)}={c}-{_term(b)}={c - b}", _divide(a, c - b)]
+    return _equation(_linear(a, b), c), str(x), steps
 
 
 def _both_sides(rng: random.Random) -> Problem:
@@ -137,7 +166,8 @@ def _both_sides(rng: random.Random) -> Problem:
     c = rng.choice([k for k in range(-12, 13) if k not in (0, a)])
     x, b = rng.randint(-30, 30), rng.randint(-99, 99)
     d = (a - c) * x + b  # so that a*x + b = c*x + d holds exactly
-    return _equation(_linear(a, b), _linear(c, d)), str(x)
+    steps = [f"{_linear(a - c, 0)}={d}-{_term(b)}={d - b}", _divide(a - c, d - b)]
+    return _equation(_linear(a, b), _linear(c, d)), str(x), steps
 
 
 class LinearEquations(ProceduralMath):
@@ -158,36 +188,46 @@ def _raw(f: Fraction) -> str:
     return f"{f.numerator}/{f.denominator}"
 
 
+def _over_common(terms: list[Fraction], signs: str) -> list[str]:
+    """One step: every term over the least common denominator, and their sum, ``3/6+2/6=5/6``."""
+    den = math.lcm(*(t.denominator for t in terms))
+    numerators = [t.numerator * den // t.denominator for t in terms]
+    total = numerators[0] + sum(n if s == "+" else -n for s, n in zip(signs, numerators[1:]))
+    written = f"{numerators[0]}/{den}" + "".join(f"{s}{n}/{den}" for s, n in zip(signs, numerators[1:]))
+    return [f"{written}={total}/{den}"]
+
+
 def _same_denominator(rng: random.Random) -> Problem:
     den = rng.randint(2, 9)
     a, b = rng.randint(1, den - 1), rng.randint(1, den - 1)
-    return f"{a}/{den}+{b}/{den}=", _fraction_text(Fraction(a + b, den))
+    return f"{a}/{den}+{b}/{den}=", _fraction_text(Fraction(a + b, den)), [f"{a}+{b}={a + b}", f"{a + b}/{den}"]
 
 
 def _small_sum(rng: random.Random) -> Problem:
     p, q = _proper(rng, 6), _proper(rng, 6)
-    return f"{_raw(p)}+{_raw(q)}=", _fraction_text(p + q)
+    return f"{_raw(p)}+{_raw(q)}=", _fraction_text(p + q), _over_common([p, q], "+")
 
 
 def _sum_or_difference(rng: random.Random) -> Problem:
     p, q = _proper(rng, 10), _proper(rng, 10)
-    if rng.random() < 0.5:
-        return f"{_raw(p)}+{_raw(q)}=", _fraction_text(p + q)
-    return f"{_raw(p)}-{_raw(q)}=", _fraction_text(p - q)  # may be negative
+    op = "+" if rng.random() < 0.5 else "-"
+    return f"{_raw(p)}{op}{_raw(q)}=", _fraction_text(p + q if op == "+" else p - q), _over_common([p, q], op)
 
 
 def _product_or_quotient(rng: random.Random) -> Problem:
     p, q = _proper(rng, 12), _proper(rng, 12)
     if rng.random() < 0.5:
-        return f"{_raw(p)}*{_raw(q)}=", _fraction_text(p * q)
-    return f"({_raw(p)})/({_raw(q)})=", _fraction_text(p / q)
+        product = f"{_raw(p)}*{_raw(q)}={p.numerator * q.numerator}/{p.denominator * q.denominator}"
+        return f"{_raw(p)}*{_raw(q)}=", _fraction_text(p * q), [product]
+    flipped = f"{_raw(p)}*{q.denominator}/{q.numerator}={p.numerator * q.denominator}/{p.denominator * q.numerator}"
+    return f"({_raw(p)})/({_raw(q)})=", _fraction_text(p / q), [flipped]
 
 
 def _three_fractions(rng: random.Random) -> Problem:
     p, q, r = _proper(rng, 12), _proper(rng, 12), _proper(rng, 12)
     s1, s2 = rng.choice("+-"), rng.choice("+-")
     value = p + (q if s1 == "+" else -q) + (r if s2 == "+" else -r)
-    return f"{_raw(p)}{s1}{_raw(q)}{s2}{_raw(r)}=", _fraction_text(value)
+    return f"{_raw(p)}{s1}{_raw(q)}{s2}{_raw(r)}=", _fraction_text(value), _over_common([p, q, r], s1 + s2)
 
 
 class Fractions(ProceduralMath):

@@ -90,6 +90,22 @@ def test_chat_message_prompts_and_field_names(tmp_path: Path) -> None:
     assert task.prompt[0] == {"role": "system", "content": "Be brief."} and task.payload["answer"] == "2"
 
 
+def test_reference_field_gives_worked_solutions_for_sft(tmp_path: Path) -> None:
+    """MATH-style rows: ``solution`` holds the worked solution and the box; rows without one fall
+    back to the bare box, and a solution that is not text is named with its line."""
+    rows = [{"id": 1, "problem": "2+3*4=", "answer": "14", "solution": "3*4=12, so 2+12=\\boxed{14}"},
+            {"id": 2, "problem": "1+1=", "answer": "2"}]
+    domain = _load(_jsonl(tmp_path / "math.jsonl", rows), prompt_field="problem", reference_field="solution",
+                   heldout_fraction=0.0)
+    by_id = {t.meta["row_id"]: t for t in domain.sample(1, 2, random.Random(0))}
+    assert domain.reference(by_id["1"]) == "3*4=12, so 2+12=\\boxed{14}"
+    assert domain.verify(by_id["1"], domain.reference(by_id["1"])).reward == 1.0
+    assert domain.reference(by_id["2"]) == "\\boxed{2}"
+    rows[1]["solution"] = 7
+    with pytest.raises(DatasetError, match=r"math.jsonl:2: solution must be a string"):
+        _load(_jsonl(tmp_path / "math.jsonl", rows), prompt_field="problem", reference_field="solution")
+
+
 def test_heldout_is_disjoint_from_sample_and_fixed(tmp_path: Path) -> None:
     rows = [{"id": i, "prompt": f"p{i}", "answer": str(i)} for i in range(400)]
     domain = _load(_jsonl(tmp_path / "big.jsonl", rows), heldout_fraction=0.2)

@@ -13,12 +13,12 @@ import pytest
 from domains import registry
 from domains.api import Status, Task, stable_hash
 from domains.math_gen import ARITHMETIC, FRACTIONS, LINEAR_EQUATIONS, ProceduralMath
+from trainer.config import TrainerConfig
 
 FAMILIES = [ARITHMETIC, LINEAR_EQUATIONS, FRACTIONS]
 LEVELS = [(domain, level) for domain in FAMILIES for level in domain.levels]
 IDS = [f"{domain.name}-L{level}" for domain, level in LEVELS]
 MAX_PROMPT_CHARS = 40
-MAX_REFERENCE_CHARS = 20
 
 
 def _text(task: Task) -> str:
@@ -79,9 +79,22 @@ def test_reference_verifies_and_wrong_answer_does_not(domain: ProceduralMath, le
 
 @pytest.mark.parametrize("domain,level", LEVELS, ids=IDS)
 def test_prompts_and_references_stay_short(domain: ProceduralMath, level: int) -> None:
+    """References fit the trainer's default generation budget (a token a character, tiny model)."""
+    budget = TrainerConfig().max_new_tokens
     for task in domain.sample(level, 500, random.Random(level)):
         assert len(_text(task)) < MAX_PROMPT_CHARS, _text(task)
-        assert len(domain.reference(task)) <= MAX_REFERENCE_CHARS, domain.reference(task)
+        assert len(domain.reference(task)) <= budget, domain.reference(task)
+
+
+@pytest.mark.parametrize("domain,level", LEVELS, ids=IDS)
+def test_every_step_of_a_worked_solution_is_true(domain: ProceduralMath, level: int) -> None:
+    """Each comma-separated step is a chain of equal expressions; the parts without x must agree."""
+    for task in domain.sample(level, 300, random.Random(level)):
+        steps, box = domain.reference(task).rsplit(",", 1)
+        assert box == f"\\boxed{{{task.payload['answer']}}}"
+        for step in steps.split(","):
+            values = {_evaluate(part) for part in step.split("=") if "x" not in part}
+            assert len(values) == 1, (step, values)
 
 
 def _evaluate(expression: str) -> Fraction:
