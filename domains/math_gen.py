@@ -4,16 +4,17 @@ Each family has five difficulty levels and is sized for the built-in tiny model 
 character-level transformer trained for minutes on a CPU): prompts are bare expressions such as
 ``12+7=`` (under 40 characters) and the reference completion is a short worked solution ending in
 the boxed answer, ``2+7=9,1+0=1,\\boxed{19}`` (``domains/math_work.py`` says why and how; at most
-58 characters, within the trainer's default ``max_new_tokens`` of 60). Level 1 is single-digit addition; each level adds digits, operations, negative
-numbers or terms. The worked solution lives in ``Task.meta``: it is how the reference solves the
-problem, not part of the problem, so it does not enter the task id. Every random draw goes through the ``rng`` passed to
+58 characters, within the trainer's default ``max_new_tokens`` of 60). Level 1 is single-digit
+addition; each level adds digits, operations, negative numbers or terms. The worked solution lives
+in ``Task.meta``: it is how the reference solves the problem, not part of the problem, so it does
+not enter the task id. Every random draw goes through the ``rng`` passed to
 ``sample``, so a seed fixes the tasks exactly.
 
 Held-out sets come from ``Domain.heldout``, and the trainer never draws a held-out task for SFT or
 GRPO (``trainer/tasks.py``). At low levels the problem space is small (level 1 of arithmetic has 100
 problems), so held-out success there measures whether the model generalises to sums it has never
-seen, not recall: a tiny model can score near 1.0 on training problems of a level and 0.5 on its
-held-out ones.
+seen, not recall. With answer-only references a tiny model scored near 1.0 on the training problems
+of a level and 0.5 on its held-out ones; the worked solutions are there to close that gap.
 """
 from __future__ import annotations
 
