@@ -84,7 +84,7 @@ def _mul_or_negative(rng: random.Random) -> Problem:
 
 
 def _step(left: int, op: str, right: int) -> tuple[str, int]:
-    """One operation of a longer expression, as a step: ``(-17)*13=-221``, and its value."""
+    """One operation of a longer expression, as a step: ``6*(-18)=-108``, and its value."""
     value = {"+": left + right, "-": left - right, "*": left * right}[op]
     return f"{left}{op}{_term(right)}={value}", value
 

@@ -89,7 +89,9 @@ def test_domains_lists_builtins(capsys):
 def test_sample_then_verify_round_trip(tmp_path, capsys):
     assert main(["sample", "--domain", "fractions", "--level", "3", "-n", "4", "--json"]) == 0
     samples = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(samples) == 4 and all(s["reference"].startswith("\\boxed{") for s in samples)
+    # a worked solution that ends in the boxed answer: "3/6+2/6=5/6,\boxed{5/6}"
+    assert len(samples) == 4
+    assert all(s["reference"].endswith(f"\\boxed{{{s['task']['payload']['answer']}}}") for s in samples)
     lines = []
     for s in samples:
         lines.append({"task": s["task"], "completion": s["reference"]})
