@@ -3,7 +3,9 @@
 Each row has ``prompt`` (text, or a list of chat messages) and ``answer`` (the gold answer, any
 form math-verify can parse), and optionally ``level`` (an integer difficulty) and ``id``. With the
 option ``reference_field`` (e.g. MATH's ``solution``), that field is a worked solution the SFT warm
-start trains on instead of the bare boxed answer; a row without it falls back to the box. Files are
+start trains on instead of the bare boxed answer; it must box its final answer, and a row without
+it falls back to the box. Long solutions need a generation budget to match (the domain's own
+``max_new_tokens``), or every sampled completion is cut off before its box. Files are
 JSONL (one object per line; a ``.json`` file may instead hold one array) or Parquet (pyarrow). The field
 names for prompt and answer can be changed with options, so a GSM8K- or MATH-style file loads
 without rewriting it. Levels are the distinct levels in the file, or ``default_level`` for rows
@@ -26,7 +28,7 @@ from typing import Any
 from pydantic import Field
 
 from domains.api import Messages, Task, stable_hash, user_prompt
-from domains.math_answer import MathAnswerDomain, MathConfig
+from domains.math_answer import MathAnswerDomain, MathConfig, extract_final_answer
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -148,11 +150,15 @@ def parse_row(number: int, record: Any, config: DatasetConfig, where: str) -> Ro
 
 
 def _as_reference(record: dict, field: str | None, where: str) -> str | None:
+    """The row's worked solution, or None when it has none; one that is there must box an answer,
+    or the warm start would teach completions the verifier scores as format errors."""
     value = record.get(field) if field else None
-    if value is None or value == "":
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
         return None
-    if not isinstance(value, str):
-        raise DatasetError(f"{where}: {field} must be a string (a worked solution), got {type(value).__name__}")
+    if not isinstance(value, str) or not value.strip():
+        raise DatasetError(f"{where}: {field} must be a worked solution (text), got {value!r:.40}")
+    if extract_final_answer(value).answer is None:
+        raise DatasetError(f"{where}: {field} has no final \\boxed{{...}} answer for the verifier to read")
     return value
 
 
@@ -206,6 +212,9 @@ class MathDataset(MathAnswerDomain):
             rows.append(row)
         if not rows:
             raise DatasetError(f"{path}: no rows")
+        field = self.config.reference_field  # type: ignore[attr-defined]
+        if field and not any(row.reference for row in rows):  # a misspelt field would train on boxes alone
+            raise DatasetError(f"{path}: no row has the reference field {field!r}")
         return rows
 
     def _rows(self, split: dict[int, list[Row]], level: int, what: str) -> list[Row]:
@@ -231,9 +240,9 @@ class MathDataset(MathAnswerDomain):
         return [self._task(row) for row in chosen]
 
     def _task(self, row: Row) -> Task:
+        meta = {"row_id": row.key, "line": row.line} | ({"solution": row.reference} if row.reference else {})
         return Task(domain=self.name, level=row.level, prompt=row.prompt, payload={"answer": row.answer},
-                    meta={"row_id": row.key, "line": row.line, "solution": row.reference},
-                    id=stable_hash(self.name, row.key))
+                    meta=meta, id=stable_hash(self.name, row.key))
 
 
 MATH_DATASET = MathDataset()

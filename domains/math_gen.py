@@ -4,7 +4,7 @@ Each family has five difficulty levels and is sized for the built-in tiny model 
 character-level transformer trained for minutes on a CPU): prompts are bare expressions such as
 ``12+7=`` (under 40 characters) and the reference completion is a short worked solution ending in
 the boxed answer, ``2+7=9,1+0=1,\\boxed{19}`` (``domains/math_work.py`` says why and how; at most
-58 characters, within the trainer's default ``max_new_tokens`` of 60). Level 1 is single-digit
+60 characters, within the trainer's default ``max_new_tokens`` of 64 with the end token). Level 1 is single-digit
 addition; each level adds digits, operations, negative numbers or terms. The worked solution lives
 in ``Task.meta``: it is how the reference solves the problem, not part of the problem, so it does
 not enter the task id. Every random draw goes through the ``rng`` passed to
@@ -80,7 +80,8 @@ def _mul_or_negative(rng: random.Random) -> Problem:
         a, b = rng.randint(2, 12), rng.randint(2, 12)
         return f"{a}*{b}=", str(a * b), [f"{a}*{b}={a * b}"]  # times tables are recalled, not worked
     a, b = rng.randint(0, 99), rng.randint(0, 99)
-    return f"{a}-{b}=", str(a - b), signed_sum(a, -b)  # may be negative
+    steps = column_subtract(a, b) if a >= b else signed_sum(a, -b)  # signed_sum(70, -0) would add
+    return f"{a}-{b}=", str(a - b), steps  # may be negative
 
 
 def _step(left: int, op: str, right: int) -> tuple[str, int]:
@@ -145,21 +146,24 @@ def _x_minus_or_plus(rng: random.Random) -> Problem:
     return _equation(_linear(1, b), x + b), str(x), _isolate(b, x + b)
 
 
-def _divide(a: int, c: int) -> str:
-    """The last step of ``ax=c``: ``x=-56/8``."""
-    return f"x={c}/{_term(a)}"
+def _divide(a: int, c: int) -> list[str]:
+    """The last step of ``ax=c``: ``x=-56/8``; none when ``a`` is 1 and x is already known."""
+    return [] if a == 1 else [f"x={c}/{_term(a)}"]
+
+
+def _move_and_divide(a: int, b: int, right: int) -> list[str]:
+    """Steps of ``ax+b=right``: move b across, ``3x=17-5=12``, then divide."""
+    return [f"{_linear(a, 0)}={right}-{_term(b)}={right - b}", *_divide(a, right - b)]
 
 
 def _ax_equals_c(rng: random.Random) -> Problem:
     a, x = rng.randint(2, 9), rng.randint(-9, 9)
-    return _equation(_linear(a, 0), a * x), str(x), [_divide(a, a * x)]
+    return _equation(_linear(a, 0), a * x), str(x), _divide(a, a * x)
 
 
 def _ax_plus_b(rng: random.Random) -> Problem:
     a, b, x = rng.choice([-1, 1]) * rng.randint(2, 9), rng.randint(-20, 20), rng.randint(-20, 20)
-    c = a * x + b
-    steps = [f"{_linear(a, 0)}={c}-{_term(b)}={c - b}", _divide(a, c - b)]
-    return _equation(_linear(a, b), c), str(x), steps
+    return _equation(_linear(a, b), a * x + b), str(x), _move_and_divide(a, b, a * x + b)
 
 
 def _both_sides(rng: random.Random) -> Problem:
@@ -167,8 +171,7 @@ def _both_sides(rng: random.Random) -> Problem:
     c = rng.choice([k for k in range(-12, 13) if k not in (0, a)])
     x, b = rng.randint(-30, 30), rng.randint(-99, 99)
     d = (a - c) * x + b  # so that a*x + b = c*x + d holds exactly
-    steps = [f"{_linear(a - c, 0)}={d}-{_term(b)}={d - b}", _divide(a - c, d - b)]
-    return _equation(_linear(a, b), _linear(c, d)), str(x), steps
+    return _equation(_linear(a, b), _linear(c, d)), str(x), _move_and_divide(a - c, b, d)
 
 
 class LinearEquations(ProceduralMath):
@@ -190,7 +193,8 @@ def _raw(f: Fraction) -> str:
 
 
 def _over_common(terms: list[Fraction], signs: str) -> list[str]:
-    """One step: every term over the least common denominator, and their sum, ``3/6+2/6=5/6``."""
+    """The steps (just one): every term over the least common denominator, and their sum,
+    ``3/6+2/6=5/6``; the box then holds the sum in lowest terms."""
     den = math.lcm(*(t.denominator for t in terms))
     numerators = [t.numerator * den // t.denominator for t in terms]
     total = numerators[0] + sum(n if s == "+" else -n for s, n in zip(signs, numerators[1:]))
@@ -201,7 +205,7 @@ def _over_common(terms: list[Fraction], signs: str) -> list[str]:
 def _same_denominator(rng: random.Random) -> Problem:
     den = rng.randint(2, 9)
     a, b = rng.randint(1, den - 1), rng.randint(1, den - 1)
-    return f"{a}/{den}+{b}/{den}=", _fraction_text(Fraction(a + b, den)), [f"{a}+{b}={a + b}", f"{a + b}/{den}"]
+    return f"{a}/{den}+{b}/{den}=", _fraction_text(Fraction(a + b, den)), [f"{a}/{den}+{b}/{den}={a + b}/{den}"]
 
 
 def _small_sum(rng: random.Random) -> Problem:

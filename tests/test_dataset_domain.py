@@ -101,9 +101,13 @@ def test_reference_field_gives_worked_solutions_for_sft(tmp_path: Path) -> None:
     assert domain.reference(by_id["1"]) == "3*4=12, so 2+12=\\boxed{14}"
     assert domain.verify(by_id["1"], domain.reference(by_id["1"])).reward == 1.0
     assert domain.reference(by_id["2"]) == "\\boxed{2}"
-    rows[1]["solution"] = 7
-    with pytest.raises(DatasetError, match=r"math.jsonl:2: solution must be a string"):
-        _load(_jsonl(tmp_path / "math.jsonl", rows), prompt_field="problem", reference_field="solution")
+    for bad, message in [(7, "must be a worked solution"), ("  ", "must be a worked solution"),
+                         ("1+1 is 2", r"has no final \\boxed")]:
+        rows[1]["solution"] = bad
+        with pytest.raises(DatasetError, match=rf"math.jsonl:2: solution {message}"):
+            _load(_jsonl(tmp_path / "math.jsonl", rows), prompt_field="problem", reference_field="solution")
+    with pytest.raises(DatasetError, match="no row has the reference field 'soluton'"):
+        _load(_jsonl(tmp_path / "math.jsonl", rows[:1]), prompt_field="problem", reference_field="soluton")
 
 
 def test_heldout_is_disjoint_from_sample_and_fixed(tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ import pytest
 
 from domains import registry
 from domains.api import Status, Task, stable_hash
+from domains import math_gen
 from domains.math_gen import ARITHMETIC, FRACTIONS, LINEAR_EQUATIONS, ProceduralMath
+from domains.math_work import solution
 from trainer.config import TrainerConfig
 
 FAMILIES = [ARITHMETIC, LINEAR_EQUATIONS, FRACTIONS]
@@ -79,11 +81,39 @@ def test_reference_verifies_and_wrong_answer_does_not(domain: ProceduralMath, le
 
 @pytest.mark.parametrize("domain,level", LEVELS, ids=IDS)
 def test_prompts_and_references_stay_short(domain: ProceduralMath, level: int) -> None:
-    """References fit the trainer's default generation budget (a token a character, tiny model)."""
+    """References and their end token fit the trainer's default generation budget (a token a
+    character for the tiny model). Level 5's longest, ``-50+(-50)=-100,...``, is drawn rarely, so
+    it is checked by name."""
     budget = TrainerConfig().max_new_tokens
     for task in domain.sample(level, 500, random.Random(level)):
         assert len(_text(task)) < MAX_PROMPT_CHARS, _text(task)
-        assert len(domain.reference(task)) <= budget, domain.reference(task)
+        assert len(domain.reference(task)) + 1 <= budget, domain.reference(task)
+    _, answer, steps = math_gen._parenthesised(_Draws([-50, -50, 11, -99]))
+    assert len(solution(steps, answer)) + 1 <= budget, solution(steps, answer)
+
+
+def test_subtractions_are_worked_as_subtractions() -> None:
+    """``70-0=`` too: subtracting zero is still a column subtraction, not ``0+0=0,7+0=7``."""
+    for level in (2, 3):
+        for task in ARITHMETIC.sample(level, 500, random.Random(level)):
+            if re.fullmatch(r"\d+-\d+=", _text(task)):
+                assert "+" not in ARITHMETIC.reference(task), (_text(task), ARITHMETIC.reference(task))
+    _, _, steps = math_gen._mul_or_negative(_Draws([70, 0]))  # random() 0.75: the difference branch
+    assert steps == ["0-0=0", "7-0=7"]
+
+
+class _Draws(random.Random):
+    """A random source that returns the given integers in order, to build one chosen problem."""
+
+    def __init__(self, values: list[int]) -> None:
+        super().__init__(0)
+        self.values = iter(values)
+
+    def randint(self, a: int, b: int) -> int:
+        return next(self.values)
+
+    def random(self) -> float:
+        return 0.75  # the second branch of a 50/50 choice
 
 
 @pytest.mark.parametrize("domain,level", LEVELS, ids=IDS)

@@ -48,8 +48,8 @@ class TrainerConfig(Strict):
     lr: float = Field(1e-4, gt=0)
     warmup_steps: int = Field(5, ge=0)
     weight_decay: float = Field(0.0, ge=0)
-    max_new_tokens: int = Field(60, gt=0)  # per completion (the longest worked math solution is 58
-    # tokens); per assistant turn in tool episodes; a domain's own max_new_tokens takes precedence
+    max_new_tokens: int = Field(64, gt=0)  # per completion (the longest worked math solution is 60
+    # tokens and the end token); per assistant turn in tool episodes; a domain's own takes precedence
     max_episode_tokens: int = Field(256, gt=0)  # all turns of a tool episode, tool responses included
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
