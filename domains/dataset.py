@@ -124,9 +124,14 @@ def _as_answer(value: Any, where: str) -> str:
     return str(value).strip()
 
 
+def _missing(value: Any) -> bool:
+    """None, or the NaN that pandas writes for a missing value in a column of numbers."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _as_level(value: Any, default: int, where: str) -> int:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return default  # pandas writes missing integers as NaN
+    if _missing(value):
+        return default
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().lstrip("-").isdigit():
@@ -153,7 +158,7 @@ def _as_reference(record: dict, field: str | None, where: str) -> str | None:
     """The row's worked solution, or None when it has none; one that is there must box an answer,
     or the warm start would teach completions the verifier scores as format errors."""
     value = record.get(field) if field else None
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+    if _missing(value) or value == "":
         return None
     if not isinstance(value, str) or not value.strip():
         raise DatasetError(f"{where}: {field} must be a worked solution (text), got {value!r:.40}")

@@ -64,10 +64,9 @@ def signed_sum(a: int, b: int) -> list[str]:
     if a < 0 and b < 0:
         return [f"-({-a}+{-b})", *column_add(-a, -b)]
     big, small = max(abs(a), abs(b)), min(abs(a), abs(b))
-    if a >= 0 and a >= -b:  # a-|b| as written
+    if a >= 0 and a + b >= 0:  # a-|b| as written
         return column_subtract(big, small)
-    negative = (a < 0) == (abs(a) > abs(b))  # the larger magnitude decides the sign
-    return [f"-({big}-{small})" if negative else f"{big}-{small}", *column_subtract(big, small)]
+    return [f"-({big}-{small})" if a + b < 0 else f"{big}-{small}", *column_subtract(big, small)]
 
 
 def solution(steps: list[str], answer: str) -> str:
