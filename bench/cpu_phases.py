@@ -1,15 +1,19 @@
-"""Two CPU savings of the trainer, each measured side by side with what it replaced.
+"""CPU savings of the trainer, each measured side by side with what it replaced.
 
 1. Rollouts batched by kind: one training step's tasks (16 prompts x 8 completions over the default
    mix plus the three tool domains) sampled as the trainer samples them, in generation batches of
    at most 8 tasks of one rollout kind (single completions or tool episodes, one token budget) —
    against batches of one domain, as before.
 2. The SFT warm start on this rank's share of the cores — against one thread, the trainer's
-   setting for GRPO (which leaves a core to the verifier workers).
+   setting while it samples (which leaves a core to the verifier workers).
+3. SFT micro-batches of examples of similar length (trainer/sft.py ``length_buckets``) — against
+   one micro-batch per domain, as before.
+4. The GRPO update (forward and backward of the clipped loss over one step's rollouts) on this
+   rank's share of the cores — against one thread, as before: the verifiers are idle by then.
 
 Rounds alternate the two sides so that load from anything else on the machine hits both alike.
-Both use the built-in tiny model with random weights: it never stops early, so every batch runs to
-its token budget (the worst case for both sides). The last two lines are the time ratios
+All use the built-in tiny model with random weights: it never stops early, so every batch runs to
+its token budget (the worst case for both sides). The last four lines are the time ratios
 new/old (below 1 is faster).
 
     python bench/cpu_phases.py [--rounds 5]
@@ -33,7 +37,9 @@ from trainer.batch import generation_chunks  # noqa: E402
 from trainer.episodes import by_rollout, sample_rows  # noqa: E402
 from trainer.distributed import core_share  # noqa: E402
 from trainer.models import load_model, load_tokenizer  # noqa: E402
-from trainer.sft import _accumulate_by_domain  # noqa: E402
+from trainer.losses import grpo_loss  # noqa: E402
+from trainer.rollout import sequence_logprobs  # noqa: E402
+from trainer.sft import length_buckets, reference_pairs, supervised_loss  # noqa: E402
 from trainer.tiny_model import build_tiny_model  # noqa: E402
 
 DOMAINS = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists",
@@ -61,16 +67,31 @@ def chunks_by_domain(tasks, domains) -> list[list]:
     return [run[i:i + CHUNK] for run in runs.values() for i in range(0, len(run), CHUNK)]
 
 
-def time_rollouts(model, tokenizer, domains, tasks, chunking) -> float:
+def time_rollouts(model, tokenizer, domains, tasks, chunking, rollouts: list | None = None) -> float:
     start = time.perf_counter()
     for chunk in chunking(tasks, domains):
         rows = [task for task in chunk for _ in range(GROUP)]
-        sample_rows(model, tokenizer, rows, domains, max_new_tokens=16, max_episode_tokens=256, temperature=1.0,
-                    generator=torch.Generator().manual_seed(0))
+        rollout, _ = sample_rows(model, tokenizer, rows, domains, max_new_tokens=16, max_episode_tokens=256,
+                                 temperature=1.0, generator=torch.Generator().manual_seed(0))
+        if rollouts is not None:
+            rollouts.append(rollout)
     return time.perf_counter() - start
 
 
-def time_sft(model, tokenizer, domains, rng: random.Random, threads: int) -> float:
+def by_domain(tokenizer, tasks, domains) -> list[list]:
+    """The SFT micro-batches before: one per domain."""
+    runs: dict[str, list] = {}
+    for task in tasks:
+        runs.setdefault(task.domain, []).append(task)
+    return [reference_pairs(tokenizer, run, domains) for run in runs.values()]
+
+
+def by_length(tokenizer, tasks, domains) -> list[list]:
+    """What the warm start does now: examples of similar length together, up to 1024 tokens."""
+    return length_buckets(reference_pairs(tokenizer, tasks, domains), 1024)
+
+
+def time_sft(model, tokenizer, domains, rng: random.Random, threads: int, batching=by_length) -> float:
     torch.set_num_threads(threads)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     slots = [(name, level) for name in sorted(domains) for level in domains[name].levels]
@@ -78,9 +99,22 @@ def time_sft(model, tokenizer, domains, rng: random.Random, threads: int) -> flo
     for _ in range(SFT_STEPS):
         tasks = [domains[name].sample(level, 1, rng)[0] for name, level in rng.choices(slots, k=SFT_BATCH)]
         optimizer.zero_grad(set_to_none=True)
-        _accumulate_by_domain(model, tokenizer, tasks, domains)
+        for part in batching(tokenizer, tasks, domains):
+            (supervised_loss(model, part, tokenizer.pad_token_id) * len(part) / SFT_BATCH).backward()
         optimizer.step()
     return (time.perf_counter() - start) / SFT_STEPS
+
+
+def time_update(model, rollouts: list, threads: int) -> float:
+    """Forward and backward of the clipped objective over every rollout batch of a step."""
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    for r in rollouts:
+        logp, _ = sequence_logprobs(model, r.sequences, r.attention_mask, r.prompt_width, with_entropy=True)
+        advantages = torch.linspace(-1, 1, r.sequences.shape[0])
+        grpo_loss(logp, logp.detach(), advantages, r.completion_mask.float(), aggregation="token_mean",
+                  max_tokens=16).loss.backward()
+    return time.perf_counter() - start
 
 
 def ratio_line(label: str, new: list[float], old: list[float], unit: str) -> str:
@@ -99,19 +133,29 @@ def main() -> None:
         share = core_share()  # what the warm start uses by default
 
         torch.set_num_threads(1)  # the trainer's setting while it samples
-        grouped, per_domain = [], []
+        grouped, per_domain, rollouts = [], [], []
         for round_ in range(args.rounds):
             tasks = step_tasks(domains, random.Random(round_))
-            grouped.append(time_rollouts(model, tokenizer, domains, tasks, chunks_by_kind))
+            grouped.append(time_rollouts(model, tokenizer, domains, tasks, chunks_by_kind, rollouts if round_ == 0 else None))
             per_domain.append(time_rollouts(model, tokenizer, domains, tasks, chunks_by_domain))
 
-        shared, single = [], []
+        shared, single, domain_batches = [], [], []
         for round_ in range(args.rounds):
             shared.append(time_sft(model, tokenizer, domains, random.Random(round_), share))
             single.append(time_sft(model, tokenizer, domains, random.Random(round_), 1))
+            domain_batches.append(time_sft(model, tokenizer, domains, random.Random(round_), share, by_domain))
+
+        update_shared, update_single = [], []
+        for _ in range(args.rounds):
+            update_shared.append(time_update(model, rollouts, share))
+            update_single.append(time_update(model, rollouts, 1))
 
     print(ratio_line(f"rollouts of one step ({PROMPTS}x{GROUP}), by kind vs by domain", grouped, per_domain, "s"))
     print(ratio_line(f"SFT step ({SFT_BATCH} examples), {share} threads vs 1", shared, single, "s"))
+    print(ratio_line(f"SFT step ({SFT_BATCH} examples), length buckets vs one batch per domain", shared,
+                     domain_batches, "s"))
+    print(ratio_line(f"GRPO update of one step ({PROMPTS}x{GROUP}), {share} threads vs 1", update_shared,
+                     update_single, "s"))
 
 
 if __name__ == "__main__":

@@ -195,23 +195,29 @@ def test_a_verifier_pool_that_cannot_start_stops_the_run_before_any_step(tmp_pat
         assert stored["status"] == "failed" and store.count_results(stored["id"]) == 0
 
 
-@pytest.mark.parametrize("sft_threads, expected", [(None, "all"), (3, 3)])
-def test_the_warm_start_runs_on_its_own_thread_count_and_the_trainer_gets_its_own_back(
-        tmp_path, monkeypatch, sft_threads, expected):
+@pytest.mark.parametrize("phase_threads, expected", [(None, "all"), (3, 3)])
+def test_the_warm_start_and_the_update_run_on_their_own_thread_count_and_sampling_gets_its_own_back(
+        tmp_path, monkeypatch, phase_threads, expected):
     import os
 
     import trainer.grpo
 
     seen = {}
-    real_warm_start = trainer.grpo.warm_start
+    real_warm_start, real_update = trainer.grpo.warm_start, GRPORecipe._update
 
     def recording_warm_start(*args, **kwargs):
         seen["sft"] = torch.get_num_threads()
         return real_warm_start(*args, **kwargs)
 
+    def recording_update(self, *args, **kwargs):
+        seen["update"] = torch.get_num_threads()
+        return real_update(self, *args, **kwargs)
+
     monkeypatch.setattr(trainer.grpo, "warm_start", recording_warm_start)
-    config = tiny_config(tmp_path, domains=["arithmetic"], trainer={"steps": 1, "cpu_threads": 1},
-                         sft={"steps": 1, "cpu_threads": sft_threads})
+    monkeypatch.setattr(GRPORecipe, "_update", recording_update)
+    config = tiny_config(tmp_path, domains=["arithmetic"],
+                         trainer={"steps": 1, "cpu_threads": 1, "update_cpu_threads": phase_threads},
+                         sft={"steps": 1, "cpu_threads": phase_threads})
     recipe = GRPORecipe(config)
     try:
         recipe.setup()
@@ -219,7 +225,8 @@ def test_the_warm_start_runs_on_its_own_thread_count_and_the_trainer_gets_its_ow
         seen["after"] = torch.get_num_threads()
     finally:
         recipe.cleanup()
-    assert seen == {"sft": len(os.sched_getaffinity(0)) if expected == "all" else expected, "after": 1}
+    threads = len(os.sched_getaffinity(0)) if expected == "all" else expected
+    assert seen == {"sft": threads, "update": threads, "after": 1}
 
 
 def test_a_pool_broken_during_the_warm_start_ends_the_run_at_the_next_sft_log(tmp_path):

@@ -71,6 +71,9 @@ class TrainerConfig(Strict):
     # workers and the store writer need a core too, and OpenMP threads that spin-wait on a busy
     # machine made small steps ten times slower in our measurements.
     cpu_threads: int = Field(1, ge=1)
+    # Torch threads for the update. The verifiers have finished by then, so null takes this rank's
+    # share of the cores.
+    update_cpu_threads: int | None = Field(None, ge=1)
     log_every: int = Field(1, gt=0)
     table_every: int = Field(10, gt=0)
     # hf: the trainer's own KV-cached sampler; vllm: a colocated vLLM engine (CUDA only) that gets
@@ -102,6 +105,7 @@ class SFTConfig(Strict):
     batch_size: int = Field(64, gt=0)
     warmup_steps: int = Field(20, ge=0)
     level_decay: float = Field(0.6, gt=0, le=1)  # share of level k+1 relative to level k (1 = even)
+    micro_batch_tokens: int = Field(1024, gt=0)  # padded tokens per forward/backward (grad accumulation)
     # Torch threads on the CPU during the warm start. Nothing else runs then (no rollouts to verify),
     # so null takes this rank's share of the cores: 1.35-1.45x faster SFT than one thread on two cores.
     cpu_threads: int | None = Field(None, ge=1)

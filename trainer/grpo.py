@@ -273,7 +273,8 @@ class GRPORecipe:
         batch, recorded, kept = self._collect_with_refill(plan, timer)
         advantages = group_advantages(batch.rewards, t.advantage_std)  # [P, G]
         start = time.perf_counter()
-        update = self._update(batch, advantages.flatten())
+        with self._cpu_threads(t.update_cpu_threads or distributed.core_share()):
+            update = self._update(batch, advantages.flatten())
         timer["train"] = time.perf_counter() - start
         metrics = step_report.step_metrics(step, plan, batch, recorded, update, timer)
         if self.world.is_main:  # every rank holds the whole step; rank 0 records it

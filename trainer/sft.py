@@ -56,24 +56,31 @@ def supervised_loss(model: torch.nn.Module, examples: list[Example], pad_id: int
     )
 
 
-def _accumulate_by_domain(model, tokenizer, tasks: list[Task], domains: dict[str, Domain]) -> float | None:
-    """Backward the batch's loss one domain at a time: lengths differ by domain (a short answer, a
-    long tool transcript), so padding each to its own longest row saves most of the compute.
-    Each part is weighted by its share of the examples; returns the batch's mean loss."""
-    by_domain: dict[str, list[Task]] = {}
-    for task in tasks:
-        by_domain.setdefault(task.domain, []).append(task)
-    parts = [reference_pairs(tokenizer, group, domains) for group in by_domain.values()]
-    total = sum(len(p) for p in parts)
-    if total == 0:
-        return None
+def length_buckets(examples: list[Example], max_tokens: int) -> list[list[Example]]:
+    """The examples sorted by length and cut into micro-batches of at most ``max_tokens`` padded
+    tokens (a longer example gets one of its own). Lengths differ by domain and level (a short
+    answer, a long tool transcript): padding each micro-batch to its own longest row saves about a
+    third of the compute on the built-in mix (bench/cpu_phases.py)."""
+    buckets: list[list[Example]] = []
+    for example in sorted(examples, key=lambda e: len(e[0]) + len(e[1])):
+        longest = len(example[0]) + len(example[1])  # sorted: the newest row is the longest
+        if buckets and (len(buckets[-1]) + 1) * longest <= max_tokens:
+            buckets[-1].append(example)
+        else:
+            buckets.append([example])
+    return buckets
+
+
+def _accumulate(model, tokenizer, tasks: list[Task], domains: dict[str, Domain], max_tokens: int) -> float | None:
+    """Backward the batch's loss one length bucket at a time, each weighted by its share of the
+    examples; returns the batch's mean loss (None when no task has a reference)."""
+    examples = reference_pairs(tokenizer, tasks, domains)
     mean = 0.0
-    for examples in parts:
-        if examples:
-            loss = supervised_loss(model, examples, tokenizer.pad_token_id) * (len(examples) / total)
-            loss.backward()
-            mean += loss.item()
-    return mean
+    for bucket in length_buckets(examples, max_tokens):
+        loss = supervised_loss(model, bucket, tokenizer.pad_token_id) * (len(bucket) / len(examples))
+        loss.backward()
+        mean += loss.item()
+    return mean if examples else None
 
 
 def warm_start(
@@ -99,7 +106,7 @@ def warm_start(
             counts[slot] = counts.get(slot, 0) + 1
         tasks = draw(counts)
         optimizer.zero_grad(set_to_none=True)
-        loss = _accumulate_by_domain(model, tokenizer, tasks, domains)
+        loss = _accumulate(model, tokenizer, tasks, domains, cfg.micro_batch_tokens)
         if loss is None:
             raise RuntimeError("SFT warm start: none of the selected domains provides reference completions")
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
