@@ -1,19 +1,19 @@
 """CPU savings of the trainer, each measured side by side with what it replaced.
 
 1. Rollouts batched by kind: one training step's tasks (16 prompts x 8 completions over the default
-   mix plus the three tool domains) sampled as the trainer samples them, in generation batches of
-   at most 8 tasks of one rollout kind (single completions or tool episodes, one token budget) —
+   mix, tool domains included) sampled as the trainer samples them, in generation batches of
+   at most 16 tasks of one rollout kind (single completions or tool episodes, one token budget) —
    against batches of one domain, as before.
-2. The SFT warm start on this rank's share of the cores — against one thread, the trainer's
-   setting while it samples (which leaves a core to the verifier workers).
+2. The SFT warm start on this rank's share of the cores — against one thread.
 3. SFT micro-batches of examples of similar length (trainer/sft.py ``length_buckets``) — against
    one micro-batch per domain, as before.
 4. The GRPO update (forward and backward of the clipped loss over one step's rollouts) on this
    rank's share of the cores — against one thread, as before: the verifiers are idle by then.
+5. Sampling (as in 1) on two threads, the main job's setting — against one, as before.
 
 Rounds alternate the two sides so that load from anything else on the machine hits both alike.
 All use the built-in tiny model with random weights: it never stops early, so every batch runs to
-its token budget (the worst case for both sides). The last four lines are the time ratios
+its token budget (the worst case for both sides). The last five lines are the time ratios
 new/old (below 1 is faster).
 
     python bench/cpu_phases.py [--rounds 5]
@@ -43,9 +43,9 @@ from trainer.sft import length_buckets, reference_pairs, supervised_loss  # noqa
 from trainer.tiny_model import build_tiny_model  # noqa: E402
 
 DOMAINS = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists",
-           "tool_calculator", "tool_kv_store", "tool_lookup"]
+           "tool_calculator", "tool_kv_store", "tool_lookup"]  # the main job's
 PROMPTS, GROUP, SFT_BATCH, SFT_STEPS = 16, 8, 64, 10
-CHUNK = 64 // GROUP  # tasks per generation batch: the trainer's rollout_batch_size // group_size
+CHUNK = 128 // GROUP  # tasks per generation batch: the main job's rollout_batch_size // group_size
 
 
 def step_tasks(domains, rng: random.Random) -> list:
@@ -132,12 +132,14 @@ def main() -> None:
         tokenizer, model = load_tokenizer(path, tiny=True), load_model(path, torch.device("cpu"))
         share = core_share()  # what the warm start uses by default
 
-        torch.set_num_threads(1)  # the trainer's setting while it samples
-        grouped, per_domain, rollouts = [], [], []
+        grouped, per_domain, two_threads, rollouts = [], [], [], []
         for round_ in range(args.rounds):
             tasks = step_tasks(domains, random.Random(round_))
+            torch.set_num_threads(1)
             grouped.append(time_rollouts(model, tokenizer, domains, tasks, chunks_by_kind, rollouts if round_ == 0 else None))
             per_domain.append(time_rollouts(model, tokenizer, domains, tasks, chunks_by_domain))
+            torch.set_num_threads(min(2, share))
+            two_threads.append(time_rollouts(model, tokenizer, domains, tasks, chunks_by_kind))
 
         shared, single, domain_batches = [], [], []
         for round_ in range(args.rounds):
@@ -156,6 +158,7 @@ def main() -> None:
                      domain_batches, "s"))
     print(ratio_line(f"GRPO update of one step ({PROMPTS}x{GROUP}), {share} threads vs 1", update_shared,
                      update_single, "s"))
+    print(ratio_line(f"rollouts of one step ({PROMPTS}x{GROUP}), {min(2, share)} threads vs 1", two_threads, grouped, "s"))
 
 
 if __name__ == "__main__":

@@ -229,6 +229,20 @@ def test_the_warm_start_and_the_update_run_on_their_own_thread_count_and_samplin
     assert seen == {"sft": threads, "update": threads, "after": 1}
 
 
+def test_sampling_threads_never_exceed_this_ranks_share_of_the_cores(tmp_path, monkeypatch):
+    import os
+
+    # as torchrun would say it: one rank per core on this machine, so each rank's share is one core
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(os.sched_getaffinity(0))))
+    recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], trainer={"steps": 1, "cpu_threads": 4}))
+    try:
+        recipe.setup()
+        assert torch.get_num_threads() == 1
+    finally:
+        recipe.cleanup()
+        torch.set_num_threads(1)
+
+
 def test_a_pool_broken_during_the_warm_start_ends_the_run_at_the_next_sft_log(tmp_path):
     from domains.pool import VerifierPoolBroken
 

@@ -81,7 +81,7 @@ class GRPORecipe:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.device = self.world.place(pick_device(cfg.model.device))
         if self.device.type == "cpu":
-            torch.set_num_threads(cfg.trainer.cpu_threads)
+            torch.set_num_threads(self._sampling_threads())
         # rank 0 builds the tiny model's folder; the other ranks then read it
         path = self.world.main_first(lambda: model_path(cfg.model, self.output_dir, cfg.seed))
         self.tokenizer = load_tokenizer(path, tiny=cfg.model.type == "tiny")
@@ -212,7 +212,12 @@ class GRPORecipe:
         try:
             yield
         finally:
-            torch.set_num_threads(self.cfg.trainer.cpu_threads)
+            torch.set_num_threads(self._sampling_threads())
+
+    def _sampling_threads(self) -> int:
+        """``trainer.cpu_threads``, but never more than this rank's share of the cores: ranks that
+        oversubscribe them spin-wait on each other."""
+        return min(self.cfg.trainer.cpu_threads, distributed.core_share())
 
     def summary(self) -> dict[str, Any]:
         hits = self.heldout_hits
