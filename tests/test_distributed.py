@@ -127,7 +127,8 @@ def test_rank_gradients_add_up_to_the_one_process_gradient(one_step, aggregation
 OVERRIDES = [
     "seed=5", "trainer.steps=2", "trainer.prompts_per_step=5", "trainer.group_size=4", "trainer.max_new_tokens=8",
     "trainer.rollout_batch_size=4", "trainer.micro_batch_size=6", "trainer.lr=1e-2", "trainer.beta=0.04",
-    "trainer.advantage_std=batch", "trainer.aggregation=token_mean", "verifier.workers=1", "sft.steps=2",
+    "trainer.advantage_std=batch", "trainer.aggregation=token_mean", "trainer.cpu_threads=1",
+    "trainer.update_cpu_threads=1", "sft.cpu_threads=1", "verifier.workers=1", "sft.steps=2",
     "sft.batch_size=8", "eval.tasks_per_level=1", "checkpoint.every=1", "domains=[distributed_helpers:DIGITS,arithmetic]",
     "model.tiny.hidden_size=32", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
     "model.tiny.intermediate_size=64",

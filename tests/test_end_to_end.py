@@ -195,15 +195,15 @@ def test_a_verifier_pool_that_cannot_start_stops_the_run_before_any_step(tmp_pat
         assert stored["status"] == "failed" and store.count_results(stored["id"]) == 0
 
 
-@pytest.mark.parametrize("phase_threads, expected", [(None, "all"), (3, 3)])
+@pytest.mark.parametrize("phase_threads", [None, 3])
 def test_the_warm_start_and_the_update_run_on_their_own_thread_count_and_sampling_gets_its_own_back(
-        tmp_path, monkeypatch, phase_threads, expected):
+        tmp_path, monkeypatch, phase_threads):
     import os
 
     import trainer.grpo
 
     seen = {}
-    real_warm_start, real_update = trainer.grpo.warm_start, GRPORecipe._update
+    real_warm_start, real_update, real_collect = trainer.grpo.warm_start, GRPORecipe._update, GRPORecipe._collect
 
     def recording_warm_start(*args, **kwargs):
         seen["sft"] = torch.get_num_threads()
@@ -213,10 +213,15 @@ def test_the_warm_start_and_the_update_run_on_their_own_thread_count_and_samplin
         seen["update"] = torch.get_num_threads()
         return real_update(self, *args, **kwargs)
 
+    def recording_collect(self, *args, **kwargs):
+        seen.setdefault("sample", set()).add(torch.get_num_threads())
+        return real_collect(self, *args, **kwargs)
+
     monkeypatch.setattr(trainer.grpo, "warm_start", recording_warm_start)
     monkeypatch.setattr(GRPORecipe, "_update", recording_update)
+    monkeypatch.setattr(GRPORecipe, "_collect", recording_collect)
     config = tiny_config(tmp_path, domains=["arithmetic"],
-                         trainer={"steps": 1, "cpu_threads": 1, "update_cpu_threads": phase_threads},
+                         trainer={"steps": 2, "cpu_threads": 1, "update_cpu_threads": phase_threads},
                          sft={"steps": 1, "cpu_threads": phase_threads})
     recipe = GRPORecipe(config)
     try:
@@ -225,8 +230,25 @@ def test_the_warm_start_and_the_update_run_on_their_own_thread_count_and_samplin
         seen["after"] = torch.get_num_threads()
     finally:
         recipe.cleanup()
-    threads = len(os.sched_getaffinity(0)) if expected == "all" else expected
-    assert seen == {"sft": threads, "update": threads, "after": 1}
+    cores = len(os.sched_getaffinity(0))
+    threads = cores if phase_threads is None else min(phase_threads, cores)  # never more than the cores
+    assert seen == {"sft": threads, "update": threads, "sample": {1}, "after": 1}
+
+
+def test_the_sampling_threads_come_back_when_an_update_fails(tmp_path, monkeypatch):
+    def failing_update(self, *args, **kwargs):
+        raise RuntimeError("update failed")
+
+    monkeypatch.setattr(GRPORecipe, "_update", failing_update)
+    recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], trainer={"steps": 1, "cpu_threads": 1},
+                                    sft={"steps": 0}))
+    try:
+        recipe.setup()
+        with pytest.raises(RuntimeError, match="update failed"):
+            recipe.train_step(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        recipe.cleanup()
 
 
 def test_sampling_threads_never_exceed_this_ranks_share_of_the_cores(tmp_path, monkeypatch):

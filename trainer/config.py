@@ -63,7 +63,7 @@ class TrainerConfig(Strict):
     dynamic_sampling: bool = False  # drop groups whose rewards all agree and refill (DAPO)
     max_refill_rounds: int = Field(2, ge=0)  # cap on extra generation for dynamic sampling
     micro_batch_size: int = Field(64, gt=0)  # sequences per forward/backward (grad accumulation)
-    rollout_batch_size: int = Field(64, gt=0)  # sequences generated together
+    rollout_batch_size: int = Field(64, gt=0)  # sequences generated together (the main job: 128)
     grad_clip: float = Field(1.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0)
     sft_coef: float = Field(0.0, ge=0)  # blend a supervised loss on reference completions
@@ -106,7 +106,8 @@ class SFTConfig(Strict):
     batch_size: int = Field(64, gt=0)
     warmup_steps: int = Field(20, ge=0)
     level_decay: float = Field(0.6, gt=0, le=1)  # share of level k+1 relative to level k (1 = even)
-    micro_batch_tokens: int = Field(1024, gt=0)  # padded tokens per forward/backward (grad accumulation)
+    # padded tokens per forward/backward (gradient accumulation); raise it on a GPU
+    micro_batch_tokens: int = Field(1024, gt=0)
     # Torch threads on the CPU during the warm start. Nothing else runs then (no rollouts to verify),
     # so null takes this rank's share of the cores: 1.35-1.45x faster SFT than one thread on two cores.
     cpu_threads: int | None = Field(None, ge=1)

@@ -204,20 +204,18 @@ class GRPORecipe:
 
     @contextlib.contextmanager
     def _cpu_threads(self, threads: int):
-        """Torch's CPU threads set to ``threads`` for a phase, then back to the trainer's own."""
+        """Torch's CPU threads set to ``threads`` for a phase, then back to the sampling count."""
         if self.device.type != "cpu":
             yield
             return
-        torch.set_num_threads(threads)
+        torch.set_num_threads(_within_share(threads))
         try:
             yield
         finally:
             torch.set_num_threads(self._sampling_threads())
 
     def _sampling_threads(self) -> int:
-        """``trainer.cpu_threads``, but never more than this rank's share of the cores: ranks that
-        oversubscribe them spin-wait on each other."""
-        return min(self.cfg.trainer.cpu_threads, distributed.core_share())
+        return _within_share(self.cfg.trainer.cpu_threads)
 
     def summary(self) -> dict[str, Any]:
         hits = self.heldout_hits
@@ -516,6 +514,12 @@ class GRPORecipe:
         if self.logger is not None:
             self.logger.close()
         distributed.shutdown()
+
+
+def _within_share(threads: int) -> int:
+    """Never more torch threads than this rank's share of the cores: ranks (or a rank and its
+    verifier workers) that oversubscribe them spin-wait on each other."""
+    return min(threads, distributed.core_share())
 
 
 def _resume_hint(path: Path | None) -> str:

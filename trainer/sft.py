@@ -39,8 +39,9 @@ def reference_pairs(tokenizer, tasks: list[Task], domains: dict[str, Domain]) ->
     return examples
 
 
-def supervised_loss(model: torch.nn.Module, examples: list[Example], pad_id: int) -> torch.Tensor:
-    """Mean cross-entropy over the masked-in completion tokens (the prompt is context, not a target)."""
+def token_losses(model: torch.nn.Module, examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy [B, L] of every predicted token and the mask [B, L] of those that count: the
+    masked-in completion tokens (the prompt is context, not a target)."""
     device = next(model.parameters()).device
     ids, mask = left_pad([p + c for p, c, _ in examples], pad_id)
     targets = torch.full_like(ids, -100)
@@ -49,11 +50,24 @@ def supervised_loss(model: torch.nn.Module, examples: list[Example], pad_id: int
         keep = torch.tensor(loss_mask, dtype=torch.bool)
         span = ids[row, width - len(completion):]
         targets[row, width - len(completion):] = torch.where(keep, span, torch.full_like(span, -100))
-    ids, mask, targets = ids.to(device), mask.to(device), targets.to(device)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets[:, 1:].reshape(-1), ignore_index=-100
-    )
+    ids, mask, targets = ids.to(device), mask.to(device), targets[:, 1:].to(device)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits[:, :-1]
+    losses = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="none"
+    ).view(targets.shape)
+    return losses, targets != -100
+
+
+def supervised_loss(model: torch.nn.Module, examples: list[Example], pad_id: int) -> torch.Tensor:
+    """Mean cross-entropy over the examples' counted tokens."""
+    losses, counted = token_losses(model, examples, pad_id)
+    return losses.sum() / counted.sum().clamp(min=1)
+
+
+def example_losses(model: torch.nn.Module, examples: list[Example], pad_id: int) -> torch.Tensor:
+    """Each example's mean cross-entropy over its own counted tokens [B]."""
+    losses, counted = token_losses(model, examples, pad_id)
+    return losses.sum(dim=1) / counted.sum(dim=1).clamp(min=1)
 
 
 def length_buckets(examples: list[Example], max_tokens: int) -> list[list[Example]]:
@@ -72,15 +86,17 @@ def length_buckets(examples: list[Example], max_tokens: int) -> list[list[Exampl
 
 
 def _accumulate(model, tokenizer, tasks: list[Task], domains: dict[str, Domain], max_tokens: int) -> float | None:
-    """Backward the batch's loss one length bucket at a time, each weighted by its share of the
-    examples; returns the batch's mean loss (None when no task has a reference)."""
+    """Backward the batch's loss, the mean over examples of each one's mean token loss, one length
+    bucket at a time; returns it (None when no task has a reference). Every example counts alike,
+    however long and whichever bucket it shares: the batch's mix of (domain, level) is the draw's,
+    not its lengths', and the gradient does not depend on ``max_tokens``."""
     examples = reference_pairs(tokenizer, tasks, domains)
-    mean = 0.0
+    total = 0.0
     for bucket in length_buckets(examples, max_tokens):
-        loss = supervised_loss(model, bucket, tokenizer.pad_token_id) * (len(bucket) / len(examples))
+        loss = example_losses(model, bucket, tokenizer.pad_token_id).sum() / len(examples)
         loss.backward()
-        mean += loss.item()
-    return mean if examples else None
+        total += loss.item()
+    return total if examples else None
 
 
 def warm_start(
