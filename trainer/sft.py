@@ -73,8 +73,9 @@ def example_losses(model: torch.nn.Module, examples: list[Example], pad_id: int)
 def length_buckets(examples: list[Example], max_tokens: int) -> list[list[Example]]:
     """The examples sorted by length and cut into micro-batches of at most ``max_tokens`` padded
     tokens (a longer example gets one of its own). Lengths differ by domain and level (a short
-    answer, a long tool transcript): padding each micro-batch to its own longest row saves about a
-    third of the compute on the built-in mix (bench/cpu_phases.py)."""
+    answer, a long tool transcript): padded to its own longest row, a step of the main job's warm
+    start took 0.52 s instead of 0.86 s with one micro-batch per domain (bench/cpu_phases.py: 0.82
+    with levels drawn evenly)."""
     buckets: list[list[Example]] = []
     for example in sorted(examples, key=lambda e: len(e[0]) + len(e[1])):
         longest = len(example[0]) + len(example[1])  # sorted: the newest row is the longest
