@@ -158,7 +158,7 @@ class GRPORecipe:
         assert self.logger is not None
         if self.start_step == 0:
             self.logger.write(f"SFT warm start: {cfg.sft.steps} steps")
-            with self._cpu_threads(cfg.sft.cpu_threads or distributed.core_share()):
+            with self._cpu_threads(cfg.sft.cpu_threads):
                 warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.tasks.draw, seed=cfg.seed,
                            log=self._log_sft)
             # every rank ran the same warm start; rank 0's weights win should a kernel differ
@@ -203,8 +203,9 @@ class GRPORecipe:
         self.logger.log(step, metrics, phase="sft")
 
     @contextlib.contextmanager
-    def _cpu_threads(self, threads: int):
-        """Torch's CPU threads set to ``threads`` for a phase, then back to the sampling count."""
+    def _cpu_threads(self, threads: int | None):
+        """Torch's CPU threads set to ``threads`` for a phase (None: this rank's share of the cores),
+        then back to the sampling count."""
         if self.device.type != "cpu":
             yield
             return
@@ -276,7 +277,7 @@ class GRPORecipe:
         batch, recorded, kept = self._collect_with_refill(plan, timer)
         advantages = group_advantages(batch.rewards, t.advantage_std)  # [P, G]
         start = time.perf_counter()
-        with self._cpu_threads(t.update_cpu_threads or distributed.core_share()):
+        with self._cpu_threads(t.update_cpu_threads):
             update = self._update(batch, advantages.flatten())
         timer["train"] = time.perf_counter() - start
         metrics = step_report.step_metrics(step, plan, batch, recorded, update, timer)
@@ -516,10 +517,11 @@ class GRPORecipe:
         distributed.shutdown()
 
 
-def _within_share(threads: int) -> int:
-    """Never more torch threads than this rank's share of the cores: ranks (or a rank and its
-    verifier workers) that oversubscribe them spin-wait on each other."""
-    return min(threads, distributed.core_share())
+def _within_share(threads: int | None) -> int:
+    """``threads``, but never more than this rank's share of the cores (None: the whole share):
+    ranks (or a rank and its verifier workers) that oversubscribe them spin-wait on each other."""
+    share = distributed.core_share()
+    return share if threads is None else min(threads, share)
 
 
 def _resume_hint(path: Path | None) -> str:
