@@ -123,6 +123,48 @@ def test_rank_gradients_add_up_to_the_one_process_gradient(one_step, aggregation
         assert sum(s[key] for _, s in parts) == pytest.approx(whole_stats[key], rel=1e-5, abs=1e-7), key
 
 
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+def test_rows_with_zero_advantage_skip_the_update_without_changing_its_gradient(one_step, aggregation):
+    """With beta = 0 a zero-advantage row adds nothing to the gradient, so leaving it out of the
+    update (skip_zero_advantage) must give the same gradient, in one process and summed over ranks."""
+    recipe, batch = one_step
+    t = recipe.cfg.trainer
+    t.aggregation, t.sft_coef, t.beta = aggregation, 0.0, 0.0
+    advantages = group_advantages(batch.rewards, "batch")
+    advantages[::2] = 0.0  # every other group agrees on its rewards
+    advantages = advantages.flatten()
+    weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
+    try:
+        t.skip_zero_advantage = False
+        every_row, _ = _update_as(recipe, RecordingWorld(0, 1), batch, advantages, weights)
+        t.skip_zero_advantage = True
+        skipped, stats = _update_as(recipe, RecordingWorld(0, 1), batch, advantages, weights)
+        parts = [_update_as(recipe, RecordingWorld(r, 2), batch, advantages, weights) for r in range(2)]
+    finally:
+        t.skip_zero_advantage, t.beta = False, 0.04
+        recipe.world = World()
+        recipe.model.load_state_dict(weights)
+    assert any(g.abs().sum() > 0 for g in every_row.values())
+    torch.testing.assert_close(skipped, every_row, rtol=1e-5, atol=1e-7)
+    summed = {k: sum(g[k] for g, _ in parts if k in g) for k in skipped}
+    torch.testing.assert_close(summed, skipped, rtol=1e-5, atol=1e-7)
+    assert stats["entropy"] > 0  # reported over the rows trained on, not diluted by the skipped ones
+
+
+def test_a_step_whose_groups_all_agree_trains_on_nothing_when_skipping(one_step):
+    recipe, batch = one_step
+    recipe.cfg.trainer.skip_zero_advantage = True
+    weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
+    try:
+        grads, stats = _update_as(recipe, RecordingWorld(0, 1), batch, torch.zeros(len(batch.rewards.flatten())), weights)
+        after = {k: v.clone() for k, v in recipe.model.state_dict().items()}
+    finally:
+        recipe.cfg.trainer.skip_zero_advantage = False
+        recipe.model.load_state_dict(weights)
+    assert grads == {} and stats["loss"] == 0.0
+    assert all(torch.equal(after[k], weights[k]) for k in weights)
+
+
 # -- torchrun end to end --------------------------------------------------------------------------------
 OVERRIDES = [
     "seed=5", "trainer.steps=2", "trainer.prompts_per_step=5", "trainer.group_size=4", "trainer.max_new_tokens=8",

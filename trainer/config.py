@@ -62,6 +62,9 @@ class TrainerConfig(Strict):
     mask_truncated: bool = False  # True: truncated completions contribute no loss (DAPO overlong filter)
     dynamic_sampling: bool = False  # drop groups whose rewards all agree and refill (DAPO)
     max_refill_rounds: int = Field(2, ge=0)  # cap on extra generation for dynamic sampling
+    # rows with zero advantage (groups whose rewards all agree) skip the update: they carry no
+    # policy gradient, only their KL and entropy terms (trainer/grpo.py, _rows_to_train)
+    skip_zero_advantage: bool = False
     micro_batch_size: int = Field(64, gt=0)  # sequences per forward/backward (grad accumulation)
     rollout_batch_size: int = Field(64, gt=0)  # sequences generated together (the main job: 128)
     grad_clip: float = Field(1.0, gt=0)

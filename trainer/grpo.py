@@ -383,8 +383,12 @@ class GRPORecipe:
         if t.mask_truncated:
             mask[r.truncated] = 0.0
         step_rows, total_tokens = mask.shape[0], float(mask.sum().clamp(min=1.0))  # the whole step's
+        trained = self._rows_to_train(advantages)
+        # kl, entropy and the clip fractions are reported as means over the rows trained on
+        stat_rows, stat_tokens = max(1, int(trained.sum())), float(mask[trained].sum().clamp(min=1.0))
         lo, hi = self.world.share(len(batch.tasks))
-        mine = slice(lo * batch.group_size, hi * batch.group_size)  # this rank's groups
+        mine = torch.arange(lo * batch.group_size, hi * batch.group_size)  # this rank's groups
+        mine = mine[trained[mine]]
         seqs, attn = r.sequences[mine].to(self.device), r.attention_mask[mine].to(self.device)
         mask, adv = mask[mine].to(self.device), advantages[mine].to(self.device)
         rows = seqs.shape[0]
@@ -397,7 +401,10 @@ class GRPORecipe:
         for _ in range(t.mu):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in chunks:
-                weight = (float(mask[mb].sum()) / total_tokens) if t.aggregation == "token_mean" else (mb.stop - mb.start) / step_rows
+                if t.aggregation == "token_mean":
+                    weight, stat_weight = float(mask[mb].sum()) / total_tokens, float(mask[mb].sum()) / stat_tokens
+                else:
+                    weight, stat_weight = (mb.stop - mb.start) / step_rows, (mb.stop - mb.start) / stat_rows
                 left, right = _padding_bounds(attn[mb], mask[mb], r.prompt_width)
                 with self._autocast():
                     logp, entropy = sequence_logprobs(self.model, seqs[mb, left:r.prompt_width + right],
@@ -411,7 +418,7 @@ class GRPORecipe:
                 )
                 (out.loss * weight).backward()
                 for key in ("policy_loss", "kl", "clip_low_frac", "clip_high_frac", "entropy"):
-                    stats[key] += getattr(out, key) * weight / t.mu
+                    stats[key] += getattr(out, key) * stat_weight / t.mu
                 stats["loss"] += out.loss.item() * weight / t.mu
             if sft_pairs:
                 sft = supervised_loss(self.model, sft_pairs, self.tokenizer.pad_token_id)
@@ -423,6 +430,17 @@ class GRPORecipe:
         update.update(grad_norm=grad_norm, lr=self.lr_schedule.get_last_lr()[0])
         self.lr_schedule.step()
         return update
+
+    def _rows_to_train(self, advantages: torch.Tensor) -> torch.Tensor:
+        """Which rows of the step enter the update (a bool per row).
+
+        A row whose advantage is zero (its group's rewards all agree) adds nothing to the policy
+        loss; with ``skip_zero_advantage`` it is left out, and so is its forward, backward and
+        reference pass. The loss keeps the whole step's normaliser, so the gradient is unchanged
+        when beta and entropy_coef are 0; otherwise those rows' KL and entropy terms go too."""
+        if not self.cfg.trainer.skip_zero_advantage:
+            return torch.ones_like(advantages, dtype=torch.bool)
+        return advantages != 0
 
     def _sft_share(self, tasks: list[Task], lo: int, hi: int) -> tuple[list, float | None]:
         """This rank's reference examples for the SFT blend (tasks[lo:hi]) and their share of the
