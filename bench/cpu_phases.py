@@ -10,10 +10,13 @@
 4. The GRPO update (forward and backward of the clipped loss over one step's rollouts) on this
    rank's share of the cores — against one thread, as before: the verifiers are idle by then.
 5. Sampling (as in 1) on two threads, the main job's setting — against one, as before.
+6. The update (as in 4) when every other group agrees on its reward (the main job sees 51-57%
+   such groups), leaving their rows out (``trainer.skip_zero_advantage``) — against training on
+   every row, as before.
 
 Rounds alternate the two sides so that load from anything else on the machine hits both alike.
 All use the built-in tiny model with random weights: it never stops early, so every batch runs to
-its token budget (the worst case for both sides). The last five lines are the time ratios
+its token budget (the worst case for both sides). The last six lines are the time ratios
 new/old (below 1 is faster).
 
     python bench/cpu_phases.py [--rounds 5]
@@ -105,14 +108,18 @@ def time_sft(model, tokenizer, domains, rng: random.Random, threads: int, batchi
     return (time.perf_counter() - start) / SFT_STEPS
 
 
-def time_update(model, rollouts: list, threads: int) -> float:
-    """Forward and backward of the clipped objective over every rollout batch of a step."""
+def time_update(model, rollouts: list, threads: int, agreeing: bool = False, skip: bool = False) -> float:
+    """Forward and backward of the clipped objective over every rollout batch of a step; with
+    ``agreeing``, every other group has zero advantage, and ``skip`` leaves those rows out."""
     torch.set_num_threads(threads)
     start = time.perf_counter()
     for r in rollouts:
-        logp, _ = sequence_logprobs(model, r.sequences, r.attention_mask, r.prompt_width, with_entropy=True)
         advantages = torch.linspace(-1, 1, r.sequences.shape[0])
-        grpo_loss(logp, logp.detach(), advantages, r.completion_mask.float(), aggregation="token_mean",
+        if agreeing:
+            advantages.view(-1, GROUP)[::2] = 0.0
+        rows = advantages != 0 if skip else torch.ones_like(advantages, dtype=torch.bool)
+        logp, _ = sequence_logprobs(model, r.sequences[rows], r.attention_mask[rows], r.prompt_width, with_entropy=True)
+        grpo_loss(logp, logp.detach(), advantages[rows], r.completion_mask[rows].float(), aggregation="token_mean",
                   max_tokens=16).loss.backward()
     return time.perf_counter() - start
 
@@ -147,10 +154,12 @@ def main() -> None:
             single.append(time_sft(model, tokenizer, domains, random.Random(round_), 1))
             domain_batches.append(time_sft(model, tokenizer, domains, random.Random(round_), share, by_domain))
 
-        update_shared, update_single = [], []
+        update_shared, update_single, update_every_row, update_skipping = [], [], [], []
         for _ in range(args.rounds):
             update_shared.append(time_update(model, rollouts, share))
             update_single.append(time_update(model, rollouts, 1))
+            update_every_row.append(time_update(model, rollouts, share, agreeing=True))
+            update_skipping.append(time_update(model, rollouts, share, agreeing=True, skip=True))
 
     print(ratio_line(f"rollouts of one step ({PROMPTS}x{GROUP}), by kind vs by domain", grouped, per_domain, "s"))
     print(ratio_line(f"SFT step ({SFT_BATCH} examples), {share} threads vs 1", shared, single, "s"))
@@ -159,6 +168,8 @@ def main() -> None:
     print(ratio_line(f"GRPO update of one step ({PROMPTS}x{GROUP}), {share} threads vs 1", update_shared,
                      update_single, "s"))
     print(ratio_line(f"rollouts of one step ({PROMPTS}x{GROUP}), {min(2, share)} threads vs 1", two_threads, grouped, "s"))
+    print(ratio_line("GRPO update, half the groups agreeing, their rows skipped vs trained", update_skipping,
+                     update_every_row, "s"))
 
 
 if __name__ == "__main__":
