@@ -1,9 +1,12 @@
 """Sampling with a KV cache agrees with a full forward pass; masks, stops and truncation are right."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from trainer.models import encode_prompt, load_model, load_tokenizer
-from trainer.rollout import generate, left_pad, positions, sequence_logprobs
+from trainer.episodes import TOOL_CALL_END
+from trainer.rollout import StopText, generate, left_pad, positions, sequence_logprobs
 from trainer.tiny_model import build_tiny_model
 
 
@@ -50,10 +53,48 @@ def test_truncation_and_stop_sequence(tiny):
             assert first.truncated[row] and first.completion_mask[row].sum() == first.completion_tokens.shape[1]
     stop = first.completion_tokens[0, :2].tolist()
     stopped = generate(model, prompts, max_new_tokens=5, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                       temperature=0.0, stop=stop)
+                       temperature=0.0, stop=StopText(tok, tok.decode(stop)))
     assert not stopped.truncated[0]
     assert int(stopped.completion_mask[0].sum()) == 2  # the stop tokens count, nothing after them
     assert stopped.completion_ids[0] == stop
+
+
+class Scripted(torch.nn.Module):
+    """A 'model' that writes a fixed token sequence, whatever it is fed."""
+
+    def __init__(self, script: list[int], vocab: int) -> None:
+        super().__init__()
+        self.script, self.vocab, self.calls = script, vocab, 0
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # so the sampler can find the device
+
+    def forward(self, input_ids, cache=None, **_):
+        token = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        logits = torch.full((*input_ids.shape, self.vocab), -1e9)
+        logits[..., token] = 0.0
+        return SimpleNamespace(logits=logits)
+
+
+@pytest.mark.parametrize("tag_as", ["one special token", "its characters"])
+def test_the_closing_tag_stops_a_row_however_it_is_tokenised(tiny, tag_as):
+    _, tok = tiny
+    stop = StopText(tok, TOOL_CALL_END)
+    call = tok('{"name":"add"}}', add_special_tokens=False)["input_ids"]
+    tag = stop.ids if tag_as == "one special token" else [tok.convert_tokens_to_ids(c) for c in TOOL_CALL_END]
+    assert len(tag) == (1 if tag_as == "one special token" else len(TOOL_CALL_END))
+    after = tok("<|tool|>", add_special_tokens=False)["input_ids"]  # what a model would go on to imagine
+    rollout = generate(Scripted(call + tag + after, len(tok)), [[1, 2]], max_new_tokens=40, eos_id=tok.eos_token_id,
+                       pad_id=tok.pad_token_id, temperature=0.0, stop=stop)
+    assert not rollout.truncated[0]
+    assert rollout.completion_ids[0] == call + tag
+
+
+def test_a_row_that_never_closes_the_tag_runs_to_its_budget(tiny):
+    _, tok = tiny
+    almost = [tok.convert_tokens_to_ids(c) for c in "</tool_call"] + tok("x>", add_special_tokens=False)["input_ids"]
+    rollout = generate(Scripted(almost * 3, len(tok)), [[1, 2]], max_new_tokens=30, eos_id=tok.eos_token_id,
+                       pad_id=tok.pad_token_id, temperature=0.0, stop=StopText(tok, TOOL_CALL_END))
+    assert rollout.truncated[0] and len(rollout.completion_ids[0]) == 30
 
 
 def test_sampling_is_reproducible_with_a_generator(tiny):

@@ -15,7 +15,7 @@ import torch
 from domains.api import Domain, Task
 from domains.tools.calls import CLOSE
 from trainer.models import encode_prompt
-from trainer.rollout import Rollout, Sampler, assemble, generate, left_pad
+from trainer.rollout import Rollout, Sampler, assemble, generate, left_pad, stop_text
 
 TOOL_CALL_END = CLOSE
 
@@ -60,7 +60,7 @@ def run_episodes(
     episodes = [Episode(t, encode_prompt(tokenizer, t.prompt), max_turns=domains[t.domain].config.max_turns)
                 for t in tasks]
     envs = [domains[t.domain].environment(t) for t in tasks]
-    stop = tokenizer(TOOL_CALL_END, add_special_tokens=False)["input_ids"]
+    stop = stop_text(tokenizer, TOOL_CALL_END)
     eos = tokenizer.eos_token_id
     while True:
         live = [i for i, e in enumerate(episodes) if not e.done]

@@ -6,6 +6,7 @@ dominates the cost at the small model sizes we train on CPUs.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Callable
@@ -26,6 +27,40 @@ class Rollout:
     @property
     def completion_tokens(self) -> torch.Tensor:  # [B, L]
         return self.sequences[:, self.prompt_width:]
+
+
+class StopText:
+    """A stop string matched on the decoded text, so a row ends at it however the tokens split it.
+
+    A tokenizer without a special token for the closing tag splits it one way on its own
+    (``</`` ``tool`` ``_call`` ``>``) and another way after the JSON a model writes before it
+    (``}}</`` ``tool`` ...): matching its standalone token ids would miss the second. Only rows
+    whose newest token holds the string's last character get their tail decoded."""
+
+    def __init__(self, tokenizer, text: str) -> None:
+        self.text, self.decode = text, tokenizer.decode
+        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        # raw token strings keep ASCII as is, in byte-level BPE and SentencePiece alike; byte-fallback
+        # tokens such as <0x3E> are taken too, which costs a decode and misses nothing
+        vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        self.enders = torch.tensor([i for i, piece in enumerate(vocab) if piece and text[-1] in piece])
+
+    def hits(self, generated: list[torch.Tensor], live: torch.Tensor) -> torch.Tensor:
+        """Which rows [B] (among ``live``) have just completed the stop string."""
+        hit = torch.zeros_like(live)
+        newest = generated[-1]
+        rows = (torch.isin(newest, self.enders.to(newest.device)) & live).nonzero().flatten().tolist()
+        if rows:
+            tails = torch.stack(generated[-len(self.text):], dim=1)[rows].tolist()  # >= 1 character a token
+            for row, tail in zip(rows, tails):
+                hit[row] = self.text in self.decode(tail, skip_special_tokens=False)
+        return hit
+
+
+@functools.lru_cache(maxsize=8)
+def stop_text(tokenizer, text: str) -> StopText:
+    """One StopText per tokenizer and string: building it reads the whole vocabulary."""
+    return StopText(tokenizer, text)
 
 
 # Anything called like ``generate`` below: the trainer's own sampler, or the vLLM engine
@@ -74,9 +109,9 @@ def generate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
-    stop: list[int] | None = None,
+    stop: StopText | None = None,
 ) -> Rollout:
-    """Sample until EOS, the ``stop`` token sequence (e.g. a closing tool-call tag) or the budget."""
+    """Sample until EOS, the ``stop`` text (e.g. a closing tool-call tag) or the budget."""
     device = next(model.parameters()).device
     ids, prompt_mask = left_pad(prompts, pad_id)
     ids, prompt_mask = ids.to(device), prompt_mask.to(device)
@@ -88,16 +123,14 @@ def generate(
     next_pos = positions(mask)[:, -1] + 1  # [B]
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
-    stop_ids = torch.tensor(stop, device=device) if stop else None
     generated: list[torch.Tensor] = []
     for t in range(max_new_tokens):
         token = sample_next(logits, temperature, top_p, generator)
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         generated.append(token)
         ends = token == eos_id
-        if stop_ids is not None and len(generated) >= len(stop_ids):
-            tail = torch.stack(generated[-len(stop_ids):], dim=1)  # [B, S]
-            ends |= (tail == stop_ids).all(dim=1)
+        if stop is not None:
+            ends |= stop.hits(generated, ~finished)
         newly = ends & ~finished
         lengths = torch.where(newly, torch.full_like(lengths, t + 1), lengths)
         finished |= newly

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.rollout import Rollout, assemble, left_pad
+from trainer.rollout import Rollout, StopText, assemble, left_pad
 
 
 class VLLMUnavailable(RuntimeError):
@@ -70,11 +70,11 @@ class VLLMEngine:
     @torch.no_grad()
     def __call__(self, model: torch.nn.Module | None, prompts: list[list[int]], *, max_new_tokens: int,
                  eos_id: int, pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
-                 generator: torch.Generator | None = None, stop: list[int] | None = None,
+                 generator: torch.Generator | None = None, stop: StopText | None = None,
                  logprobs: bool = False) -> Rollout | tuple[Rollout, list[list[float]]]:
         params = self._sampling_params(
             n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop_token_ids=[eos_id],
-            stop=[self.tokenizer.decode(stop)] if stop else None, include_stop_str_in_output=True,
+            stop=[stop.text] if stop else None, include_stop_str_in_output=True,
             skip_special_tokens=False, logprobs=0 if logprobs else None,
         )
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
