@@ -123,7 +123,7 @@ def test_rank_gradients_add_up_to_the_one_process_gradient(one_step, aggregation
         assert sum(s[key] for _, s in parts) == pytest.approx(whole_stats[key], rel=1e-5, abs=1e-7), key
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean", "constant"])
 def test_rows_with_zero_advantage_skip_the_update_without_changing_its_gradient(one_step, aggregation):
     """With beta = 0 a zero-advantage row adds nothing to the gradient, so leaving it out of the
     update (skip_zero_advantage) must give the same gradient, in one process and summed over ranks."""
@@ -148,12 +148,17 @@ def test_rows_with_zero_advantage_skip_the_update_without_changing_its_gradient(
     torch.testing.assert_close(skipped, every_row, rtol=1e-5, atol=1e-7)
     summed = {k: sum(g[k] for g, _ in parts if k in g) for k in skipped}
     torch.testing.assert_close(summed, skipped, rtol=1e-5, atol=1e-7)
-    assert stats["entropy"] > 0  # reported over the rows trained on, not diluted by the skipped ones
+    for key in ("loss", "policy_loss", "kl", "entropy"):
+        assert sum(s[key] for _, s in parts) == pytest.approx(stats[key], rel=1e-5, abs=1e-7), key
+    # 3 of the 5 groups zeroed; the other two have graded rewards, so (almost surely) no zero row
+    assert stats["trained_row_share"] == pytest.approx(float((advantages != 0).float().mean()))
+    assert 0 < stats["trained_row_share"] <= 0.4
+    assert stats["entropy"] > 0
 
 
 def test_a_step_whose_groups_all_agree_trains_on_nothing_when_skipping(one_step):
     recipe, batch = one_step
-    recipe.cfg.trainer.skip_zero_advantage = True
+    recipe.cfg.trainer.skip_zero_advantage, recipe.cfg.trainer.sft_coef = True, 0.0
     weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     try:
         grads, stats = _update_as(recipe, RecordingWorld(0, 1), batch, torch.zeros(len(batch.rewards.flatten())), weights)
@@ -161,7 +166,8 @@ def test_a_step_whose_groups_all_agree_trains_on_nothing_when_skipping(one_step)
     finally:
         recipe.cfg.trainer.skip_zero_advantage = False
         recipe.model.load_state_dict(weights)
-    assert grads == {} and stats["loss"] == 0.0
+    assert grads == {} and stats["loss"] == 0.0 and stats["trained_row_share"] == 0.0
+    assert "kl" not in stats and "entropy" not in stats  # nothing measured, so nothing reported
     assert all(torch.equal(after[k], weights[k]) for k in weights)
 
 

@@ -86,3 +86,8 @@ def test_console_tables_fit_long_domain_names():
     assert row.split()[0] == long and row.split()[4] == "0.500"
     text = format_eval({f"eval/{long}": 0.25, "eval/macro": 0.25}, "held-out")
     assert text.splitlines()[1].split() == [long, "0.250"]
+
+
+def test_an_update_that_trained_no_row_raises_no_kl_or_entropy_alarm():
+    monitor = HealthMonitor(HealthConfig(kl_max=0.1, entropy_min=0.5))
+    assert monitor.after_step({"loss": 0.0, "grad_norm": 0.0, "reward/mean": 1.0}) == []

@@ -60,18 +60,18 @@ def test_truncation_and_stop_sequence(tiny):
 
 
 class Scripted(torch.nn.Module):
-    """A 'model' that writes a fixed token sequence, whatever it is fed."""
+    """A 'model' that writes a fixed token sequence per row, whatever it is fed."""
 
-    def __init__(self, script: list[int], vocab: int) -> None:
+    def __init__(self, scripts: list[list[int]], vocab: int) -> None:
         super().__init__()
-        self.script, self.vocab, self.calls = script, vocab, 0
+        self.scripts, self.vocab, self.calls = scripts, vocab, 0
         self.anchor = torch.nn.Parameter(torch.zeros(1))  # so the sampler can find the device
 
     def forward(self, input_ids, cache=None, **_):
-        token = self.script[min(self.calls, len(self.script) - 1)]
-        self.calls += 1
         logits = torch.full((*input_ids.shape, self.vocab), -1e9)
-        logits[..., token] = 0.0
+        for row, script in enumerate(self.scripts):
+            logits[row, :, script[min(self.calls, len(script) - 1)]] = 0.0
+        self.calls += 1
         return SimpleNamespace(logits=logits)
 
 
@@ -83,18 +83,26 @@ def test_the_closing_tag_stops_a_row_however_it_is_tokenised(tiny, tag_as):
     tag = stop.ids if tag_as == "one special token" else [tok.convert_tokens_to_ids(c) for c in TOOL_CALL_END]
     assert len(tag) == (1 if tag_as == "one special token" else len(TOOL_CALL_END))
     after = tok("<|tool|>", add_special_tokens=False)["input_ids"]  # what a model would go on to imagine
-    rollout = generate(Scripted(call + tag + after, len(tok)), [[1, 2]], max_new_tokens=40, eos_id=tok.eos_token_id,
-                       pad_id=tok.pad_token_id, temperature=0.0, stop=stop)
+    chatty = tok("no call here", add_special_tokens=False)["input_ids"]
+    rollout = generate(Scripted([call + tag + after, chatty], len(tok)), [[1, 2], [1, 2]], max_new_tokens=40,
+                       eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=0.0, stop=stop)
     assert not rollout.truncated[0]
     assert rollout.completion_ids[0] == call + tag
+    # the other row of the batch goes on to its budget
+    assert rollout.truncated[1] and len(rollout.completion_ids[1]) == 40
 
 
 def test_a_row_that_never_closes_the_tag_runs_to_its_budget(tiny):
     _, tok = tiny
     almost = [tok.convert_tokens_to_ids(c) for c in "</tool_call"] + tok("x>", add_special_tokens=False)["input_ids"]
-    rollout = generate(Scripted(almost * 3, len(tok)), [[1, 2]], max_new_tokens=30, eos_id=tok.eos_token_id,
+    rollout = generate(Scripted([almost * 3], len(tok)), [[1, 2]], max_new_tokens=30, eos_id=tok.eos_token_id,
                        pad_id=tok.pad_token_id, temperature=0.0, stop=StopText(tok, TOOL_CALL_END))
     assert rollout.truncated[0] and len(rollout.completion_ids[0]) == 30
+
+
+def test_a_stop_string_must_end_in_a_visible_character(tiny):
+    with pytest.raises(ValueError, match="visible ASCII"):
+        StopText(tiny[1], "</tool_call>\n")
 
 
 def test_sampling_is_reproducible_with_a_generator(tiny):

@@ -373,7 +373,7 @@ class GRPORecipe:
     def _update(self, batch: StepBatch, advantages: torch.Tensor) -> dict[str, float]:
         """mu passes of the clipped objective over the batch, in micro-batches (one optimizer step each).
 
-        With several ranks, each trains on its contiguous share of the groups and weights every
+        With several ranks, each trains on its contiguous share of the rows and weights every
         loss term by its share of the *whole step's* normaliser — tokens for token_mean, sequences
         for seq_mean and constant, reference tokens for the SFT blend — so the gradients summed over
         the ranks are the one-process gradient, and so are the summed statistics."""
@@ -383,12 +383,12 @@ class GRPORecipe:
         if t.mask_truncated:
             mask[r.truncated] = 0.0
         step_rows, total_tokens = mask.shape[0], float(mask.sum().clamp(min=1.0))  # the whole step's
-        trained = self._rows_to_train(advantages)
+        trained = self._rows_to_train(advantages).nonzero().flatten()
         # kl, entropy and the clip fractions are reported as means over the rows trained on
-        stat_rows, stat_tokens = max(1, int(trained.sum())), float(mask[trained].sum().clamp(min=1.0))
-        lo, hi = self.world.share(len(batch.tasks))
-        mine = torch.arange(lo * batch.group_size, hi * batch.group_size)  # this rank's groups
-        mine = mine[trained[mine]]
+        stat_rows, stat_tokens = max(1, len(trained)), float(mask[trained].sum().clamp(min=1.0))
+        first, last = self.world.share(len(trained))
+        mine = trained[first:last]  # this rank's rows: an even share of those trained on
+        lo, hi = self.world.share(len(batch.tasks))  # this rank's tasks, for the SFT blend
         seqs, attn = r.sequences[mine].to(self.device), r.attention_mask[mine].to(self.device)
         mask, adv = mask[mine].to(self.device), advantages[mine].to(self.device)
         rows = seqs.shape[0]
@@ -417,30 +417,34 @@ class GRPORecipe:
                     entropy=entropy if t.entropy_coef > 0 else entropy.detach(), entropy_coef=t.entropy_coef,
                 )
                 (out.loss * weight).backward()
-                for key in ("policy_loss", "kl", "clip_low_frac", "clip_high_frac", "entropy"):
+                for key in ("kl", "clip_low_frac", "clip_high_frac", "entropy"):
                     stats[key] += getattr(out, key) * stat_weight / t.mu
+                stats["policy_loss"] += out.policy_loss * weight / t.mu
                 stats["loss"] += out.loss.item() * weight / t.mu
             if sft_pairs:
                 sft = supervised_loss(self.model, sft_pairs, self.tokenizer.pad_token_id)
                 (t.sft_coef * sft_share * sft).backward()
                 stats["sft_loss"] += sft.item() * sft_share / t.mu
             grad_norm += self._optimizer_step() / t.mu
-        keys = ["loss", "policy_loss", "kl", "clip_low_frac", "clip_high_frac", "entropy"]
+        # a step that trained no row measured no KL or entropy: those keys stay out (not zeros)
+        keys = ["loss", "policy_loss"] + (["kl", "clip_low_frac", "clip_high_frac", "entropy"] if len(trained) else [])
         update = self.world.sum_floats(stats, keys + (["sft_loss"] if sft_share is not None else []))
-        update.update(grad_norm=grad_norm, lr=self.lr_schedule.get_last_lr()[0])
+        update.update(grad_norm=grad_norm, lr=self.lr_schedule.get_last_lr()[0], trained_row_share=len(trained) / step_rows)
         self.lr_schedule.step()
         return update
 
     def _rows_to_train(self, advantages: torch.Tensor) -> torch.Tensor:
         """Which rows of the step enter the update (a bool per row).
 
-        A row whose advantage is zero (its group's rewards all agree) adds nothing to the policy
-        loss; with ``skip_zero_advantage`` it is left out, and so is its forward, backward and
-        reference pass. The loss keeps the whole step's normaliser, so the gradient is unchanged
-        when beta and entropy_coef are 0; otherwise those rows' KL and entropy terms go too."""
+        A row whose advantage is zero (mostly: its group's rewards all agree) adds nothing to the
+        policy loss; with ``skip_zero_advantage`` it is left out, and so is its forward, backward
+        and reference pass. The loss keeps the whole step's normaliser, so the gradient is unchanged
+        when beta and entropy_coef are 0; otherwise those rows' KL and entropy terms go too, and the
+        KL anchor holds only where the policy is still learning. The tolerance catches flat groups
+        of partial rewards whose float mean is not exact."""
         if not self.cfg.trainer.skip_zero_advantage:
             return torch.ones_like(advantages, dtype=torch.bool)
-        return advantages != 0
+        return advantages.abs() > 1e-6
 
     def _sft_share(self, tasks: list[Task], lo: int, hi: int) -> tuple[list, float | None]:
         """This rank's reference examples for the SFT blend (tasks[lo:hi]) and their share of the

@@ -50,12 +50,13 @@ class HealthMonitor:
         loss = metrics.get("loss", 0.0)
         if not math.isfinite(loss) or not math.isfinite(metrics.get("grad_norm", 0.0)):
             alarms.append("non-finite loss or gradient: update skipped")
-        kl, entropy = metrics.get("kl", 0.0), metrics.get("entropy", 0.0)
-        if self.cfg.kl_max is not None and kl > self.cfg.kl_max:
+        # an update that trained no row (skip_zero_advantage) measured neither: nothing to bound
+        kl, entropy = metrics.get("kl"), metrics.get("entropy")
+        if self.cfg.kl_max is not None and kl is not None and kl > self.cfg.kl_max:
             alarms.append(f"KL {kl:.4f} above {self.cfg.kl_max}")
-        if self.cfg.entropy_min is not None and entropy < self.cfg.entropy_min:
+        if self.cfg.entropy_min is not None and entropy is not None and entropy < self.cfg.entropy_min:
             alarms.append(f"entropy {entropy:.4f} below {self.cfg.entropy_min}")
-        if self.cfg.entropy_max is not None and entropy > self.cfg.entropy_max:
+        if self.cfg.entropy_max is not None and entropy is not None and entropy > self.cfg.entropy_max:
             alarms.append(f"entropy {entropy:.4f} above {self.cfg.entropy_max}")
         if math.isfinite(metrics.get("reward/mean", float("nan"))):
             self.rewards.append(metrics["reward/mean"])

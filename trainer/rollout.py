@@ -38,28 +38,40 @@ class StopText:
     whose newest token holds the string's last character get their tail decoded."""
 
     def __init__(self, tokenizer, text: str) -> None:
+        last = text[-1:]
+        if not (last.isascii() and last.isprintable() and not last.isspace()):
+            raise ValueError(f"a stop string must end in a visible ASCII character, not {text!r}")
         self.text, self.decode = text, tokenizer.decode
         self.ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        # raw token strings keep ASCII as is, in byte-level BPE and SentencePiece alike; byte-fallback
-        # tokens such as <0x3E> are taken too, which costs a decode and misses nothing
+        # raw token strings keep visible ASCII as is, in byte-level BPE and SentencePiece alike;
+        # byte-fallback tokens such as <0x3E> are taken too, which costs a decode and misses nothing
         vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-        self.enders = torch.tensor([i for i, piece in enumerate(vocab) if piece and text[-1] in piece])
+        enders = [i for i, piece in enumerate(vocab) if piece and last in _as_text(piece)]
+        self._enders = {torch.device("cpu"): torch.tensor(enders, dtype=torch.long)}
 
     def hits(self, generated: list[torch.Tensor], live: torch.Tensor) -> torch.Tensor:
         """Which rows [B] (among ``live``) have just completed the stop string."""
         hit = torch.zeros_like(live)
         newest = generated[-1]
-        rows = (torch.isin(newest, self.enders.to(newest.device)) & live).nonzero().flatten().tolist()
+        if newest.device not in self._enders:
+            self._enders[newest.device] = self._enders[torch.device("cpu")].to(newest.device)
+        rows = (torch.isin(newest, self._enders[newest.device]) & live).nonzero().flatten().tolist()
         if rows:
-            tails = torch.stack(generated[-len(self.text):], dim=1)[rows].tolist()  # >= 1 character a token
+            # every token holds at least one byte of the text, so the match lies within this window
+            tails = torch.stack(generated[-len(self.text.encode()):], dim=1)[rows].tolist()
             for row, tail in zip(rows, tails):
                 hit[row] = self.text in self.decode(tail, skip_special_tokens=False)
         return hit
 
 
+def _as_text(piece: str | bytes) -> str:
+    return piece.decode("latin-1") if isinstance(piece, bytes) else piece  # tiktoken-style vocabularies
+
+
 @functools.lru_cache(maxsize=8)
 def stop_text(tokenizer, text: str) -> StopText:
-    """One StopText per tokenizer and string: building it reads the whole vocabulary."""
+    """One StopText per tokenizer and string: building it reads the whole vocabulary (a tokenizer
+    that gains tokens later needs a new one; ours are complete once loaded)."""
     return StopText(tokenizer, text)
 
 
