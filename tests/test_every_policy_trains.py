@@ -23,7 +23,7 @@ def _train(tmp_path, override: str) -> dict:
     return run(to_config(cfg))
 
 
-@pytest.mark.parametrize("name", POLICIES + [f"difficulty={d}" for d in DIFFICULTIES if d != "threshold"])
+@pytest.mark.parametrize("name", POLICIES + [f"difficulty={d}" for d in DIFFICULTIES if d != "frontier"])  # the default
 def test_one_override_trains(tmp_path, name):
     override = name if name.startswith("difficulty=") else f"policy={name}"
     summary = _train(tmp_path, override)
