@@ -114,12 +114,15 @@ def time_update(model, rollouts: list, threads: int, agreeing: bool = False, ski
     torch.set_num_threads(threads)
     start = time.perf_counter()
     for r in rollouts:
-        advantages = torch.linspace(-1, 1, r.sequences.shape[0])
+        seqs, attn, mask = r.sequences, r.attention_mask, r.completion_mask
+        advantages = torch.linspace(-1, 1, seqs.shape[0])
         if agreeing:
             advantages.view(-1, GROUP)[::2] = 0.0
-        rows = advantages != 0 if skip else torch.ones_like(advantages, dtype=torch.bool)
-        logp, _ = sequence_logprobs(model, r.sequences[rows], r.attention_mask[rows], r.prompt_width, with_entropy=True)
-        grpo_loss(logp, logp.detach(), advantages[rows], r.completion_mask[rows].float(), aggregation="token_mean",
+        if skip:
+            keep = advantages != 0
+            seqs, attn, mask, advantages = seqs[keep], attn[keep], mask[keep], advantages[keep]
+        logp, _ = sequence_logprobs(model, seqs, attn, r.prompt_width, with_entropy=True)
+        grpo_loss(logp, logp.detach(), advantages, mask.float(), aggregation="token_mean",
                   max_tokens=16).loss.backward()
     return time.perf_counter() - start
 

@@ -80,7 +80,7 @@ def test_the_closing_tag_stops_a_row_however_it_is_tokenised(tiny, tag_as):
     _, tok = tiny
     stop = StopText(tok, TOOL_CALL_END)
     call = tok('{"name":"add"}}', add_special_tokens=False)["input_ids"]
-    tag = stop.ids if tag_as == "one special token" else [tok.convert_tokens_to_ids(c) for c in TOOL_CALL_END]
+    tag = tok(TOOL_CALL_END, add_special_tokens=False)["input_ids"] if tag_as == "one special token" else [tok.convert_tokens_to_ids(c) for c in TOOL_CALL_END]
     assert len(tag) == (1 if tag_as == "one special token" else len(TOOL_CALL_END))
     after = tok("<|tool|>", add_special_tokens=False)["input_ids"]  # what a model would go on to imagine
     chatty = tok("no call here", add_special_tokens=False)["input_ids"]

@@ -402,7 +402,8 @@ class GRPORecipe:
             self.optimizer.zero_grad(set_to_none=True)
             for mb in chunks:
                 if t.aggregation == "token_mean":
-                    weight, stat_weight = float(mask[mb].sum()) / total_tokens, float(mask[mb].sum()) / stat_tokens
+                    tokens = float(mask[mb].sum())
+                    weight, stat_weight = tokens / total_tokens, tokens / stat_tokens
                 else:
                     weight, stat_weight = (mb.stop - mb.start) / step_rows, (mb.stop - mb.start) / stat_rows
                 left, right = _padding_bounds(attn[mb], mask[mb], r.prompt_width)

@@ -42,20 +42,19 @@ class StopText:
         if not (last.isascii() and last.isprintable() and not last.isspace()):
             raise ValueError(f"a stop string must end in a visible ASCII character, not {text!r}")
         self.text, self.decode = text, tokenizer.decode
-        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         # raw token strings keep visible ASCII as is, in byte-level BPE and SentencePiece alike;
         # byte-fallback tokens such as <0x3E> are taken too, which costs a decode and misses nothing
         vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         enders = [i for i, piece in enumerate(vocab) if piece and last in _as_text(piece)]
-        self._enders = {torch.device("cpu"): torch.tensor(enders, dtype=torch.long)}
+        self.enders = torch.tensor(enders, dtype=torch.long)  # moved once to the sampling device
 
     def hits(self, generated: list[torch.Tensor], live: torch.Tensor) -> torch.Tensor:
         """Which rows [B] (among ``live``) have just completed the stop string."""
         hit = torch.zeros_like(live)
         newest = generated[-1]
-        if newest.device not in self._enders:
-            self._enders[newest.device] = self._enders[torch.device("cpu")].to(newest.device)
-        rows = (torch.isin(newest, self._enders[newest.device]) & live).nonzero().flatten().tolist()
+        if self.enders.device != newest.device:
+            self.enders = self.enders.to(newest.device)
+        rows = (torch.isin(newest, self.enders) & live).nonzero().flatten().tolist()
         if rows:
             # every token holds at least one byte of the text, so the match lies within this window
             tails = torch.stack(generated[-len(self.text.encode()):], dim=1)[rows].tolist()
