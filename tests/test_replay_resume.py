@@ -196,3 +196,15 @@ def test_resume_with_a_store_that_lacks_the_run_fails_in_one_line(tmp_path):
         run(validate_config(elsewhere))
     with pytest.raises(ConfigError, match=r"^resume: \S+nowhere is not a complete checkpoint folder$"):
         run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, resume=str(tmp_path / "nowhere"))))
+
+
+def test_resume_with_another_tiny_shape_fails_in_one_line_and_keeps_the_run(tmp_path):
+    first = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=1, checkpoint={"every": 1})))
+    wider = tiny(tmp_path, ["arithmetic"], steps=2, resume="auto",
+                 model={**TINY, "tiny": {**TINY["tiny"], "hidden_size": 64}})
+    with pytest.raises(ConfigError, match=r"^model\.tiny: the tiny model at \S+tiny-model has hidden_size 32 "
+                                          r"\(asked 64\); a run keeps its model's shape \(start a new run to change it\)$"):
+        run(validate_config(wider))
+    # the refused resume changed nothing: the original shape resumes and finishes
+    resumed = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, resume="auto")))
+    assert resumed["run_id"] == first["run_id"]

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from domains.api import Messages
-from trainer.config import ModelConfig
+from trainer.config import ConfigError, ModelConfig
 from trainer.tiny_model import build_tiny_model
 
 
@@ -22,10 +22,13 @@ def model_path(cfg: ModelConfig, output_dir: Path, seed: int) -> str:
     """Where the weights come from: a freshly built tiny model folder, or the user's model."""
     if cfg.type == "tiny":
         t = cfg.tiny
-        return str(build_tiny_model(
-            output_dir / "tiny-model", hidden_size=t.hidden_size, layers=t.layers, heads=t.heads,
-            kv_heads=t.kv_heads, intermediate_size=t.intermediate_size, seed=seed,
-        ))
+        try:
+            return str(build_tiny_model(
+                output_dir / "tiny-model", hidden_size=t.hidden_size, layers=t.layers, heads=t.heads,
+                kv_heads=t.kv_heads, intermediate_size=t.intermediate_size, seed=seed,
+            ))
+        except ValueError as exc:
+            raise ConfigError(f"model.tiny: {exc}") from None
     assert cfg.name_or_path is not None
     return cfg.name_or_path
 

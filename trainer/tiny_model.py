@@ -8,6 +8,7 @@ answers on a CPU in minutes.
 """
 from __future__ import annotations
 
+import json
 import re
 import string
 from pathlib import Path
@@ -53,15 +54,23 @@ def build_tiny_model(
     path: str | Path, *, hidden_size: int = 128, layers: int = 4, heads: int = 4,
     kv_heads: int = 2, intermediate_size: int = 384, max_positions: int = 512, seed: int = 0,
 ) -> Path:
-    """Create (or reuse) the tiny model folder at ``path`` and return the path."""
+    """Create (or reuse) the tiny model folder at ``path`` and return the path.
+
+    A folder that is reused (a resumed run's) must have the shape asked for: otherwise a resume
+    with other ``model.tiny`` settings would quietly go on training the old shape."""
     path = Path(path)
+    shape = dict(hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
+                 num_key_value_heads=kv_heads, intermediate_size=intermediate_size)
     if (path / "config.json").exists():
+        saved = json.loads((path / "config.json").read_text())
+        differ = [f"{key} {saved.get(key)} (asked {value})" for key, value in shape.items() if saved.get(key) != value]
+        if differ:
+            raise ValueError(f"the tiny model at {path} has {', '.join(differ)}; "
+                             "a run keeps its model's shape (start a new run to change it)")
         return path
     tokenizer = build_tokenizer()
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate_size,
-        max_position_embeddings=max_positions, tie_word_embeddings=True,
+        vocab_size=len(tokenizer), **shape, max_position_embeddings=max_positions, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None, rope_theta=10000.0,
     )
