@@ -1,7 +1,16 @@
-"""Held-out summaries and the paired confidence interval of the GRPO gain."""
-import pytest
+"""Held-out evaluation, its summaries and the paired confidence interval of the GRPO gain."""
+from concurrent.futures import Future
+from types import SimpleNamespace
 
-from trainer.evaluate import paired_gain_interval, summarise
+import pytest
+import torch
+
+from domains.api import Status, VerifyResult
+from domains.registry import load_all
+from trainer.config import EvalConfig
+from trainer.evaluate import evaluate, heldout_tasks, paired_gain_interval, summarise
+from trainer.models import load_model, load_tokenizer
+from trainer.tiny_model import build_tiny_model
 
 
 def test_summarise_pools_levels_per_domain_and_averages_domains():
@@ -71,3 +80,59 @@ def test_evaluations_of_different_tasks_are_refused():
         paired_gain_interval({("a", 1): [1.0]}, {("a", 1): [1.0, 0.0]})
     with pytest.raises(ValueError, match="not of the same held-out tasks"):
         paired_gain_interval({("a", 1): [1.0]}, {("b", 1): [1.0]})
+
+
+# -- several samples per task, on a real tiny model ------------------------------------------------
+class _LengthParityPool:
+    """Verifies in the test process: success is the parity of the completion's length plus the
+    task's prompt length, so it varies from task to task and, when sampling, between completions."""
+
+    def __init__(self, domains):
+        self.domains, self.submitted = domains, 0
+
+    def submit(self, task, completion):
+        self.submitted += 1
+        future = Future()
+        future.set_result(SimpleNamespace(result=VerifyResult(1.0, (len(completion) + len(str(task.prompt))) % 2 == 0, Status.OK, {})))
+        return future
+
+    def raise_if_broken(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+    path = str(build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", hidden_size=32, layers=2, heads=2,
+                                kv_heads=1, intermediate_size=64))
+    domains = load_all(["arithmetic", "fractions"], {})
+    return load_model(path, torch.device("cpu")), load_tokenizer(path, tiny=True), domains
+
+
+def _evaluate(setup, **kwargs):
+    model, tokenizer, domains = setup
+    pool = _LengthParityPool(domains)
+    hits = evaluate(model, tokenizer, heldout_tasks(domains, 3, seed=0), pool, max_new_tokens=12, batch_size=8,
+                    **kwargs)
+    return hits, pool.submitted
+
+
+def test_greedy_copies_of_a_task_score_what_one_greedy_completion_scores(tiny_setup):
+    once, submitted_once = _evaluate(tiny_setup)
+    thrice, submitted_thrice = _evaluate(tiny_setup, samples=3)
+    assert submitted_thrice == 3 * submitted_once == 3 * 3 * 10  # 3 tasks at each of 2 x 5 levels
+    assert {v for cell in once.values() for v in cell} == {0.0, 1.0}  # tasks differ, so a mix-up would show
+    assert thrice == once  # each task's three identical completions averaged onto that task, not a neighbour
+
+
+def test_sampled_tasks_score_their_share_of_successes(tiny_setup):
+    hits, submitted = _evaluate(tiny_setup, samples=4, temperature=1.0)
+    assert submitted == 4 * 30 and all(len(values) == 3 for values in hits.values())
+    values = [v for cell in hits.values() for v in cell]
+    assert all(v * 4 == int(v * 4) for v in values)
+    assert any(0 < v < 1 for v in values)  # an untrained model's lengths vary between samples
+
+
+def test_several_samples_need_a_temperature():
+    with pytest.raises(ValueError, match="more than one sample per task needs temperature > 0"):
+        EvalConfig(samples=4)
+    assert EvalConfig(samples=4, temperature=0.7).samples == 4

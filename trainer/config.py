@@ -120,7 +120,14 @@ class EvalConfig(Strict):
     every: int = Field(0, ge=0)  # 0: only before and after training
     tasks_per_level: int = Field(16, gt=0)
     temperature: float = Field(0.0, ge=0)  # 0 = greedy
+    samples: int = Field(1, ge=1)  # completions per held-out task; a task scores its share of successes
     seed: int = 1234
+
+    @model_validator(mode="after")
+    def _samples_need_sampling(self) -> "EvalConfig":
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError("more than one sample per task needs temperature > 0 (greedy decoding repeats itself)")
+        return self
 
 
 class CheckpointConfig(Strict):

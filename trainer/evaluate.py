@@ -26,14 +26,17 @@ def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list
 def evaluate(
     model: torch.nn.Module, tokenizer, tasks: list[Task], pool: Pool, *,
     max_new_tokens: int, max_episode_tokens: int = 256, temperature: float = 0.0, batch_size: int = 64, seed: int = 0,
-    sampler: Sampler = generate,
+    samples: int = 1, sampler: Sampler = generate,
 ) -> Hits:
-    """Each task's 0/1 success, grouped by (domain, level) in the order of ``tasks``; ``summarise``
-    turns them into rates and ``paired_gain_interval`` compares two evaluations of the same tasks."""
+    """Each task's success, grouped by (domain, level) in the order of ``tasks``: 0 or 1, or with
+    ``samples`` > 1 the share of that many completions that succeed (sampled pass@1, the way RLVR
+    papers report it at a temperature). ``summarise`` turns them into rates and
+    ``paired_gain_interval`` compares two evaluations of the same tasks."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     futures, ordered = [], []
+    draws = [task for task in tasks for _ in range(samples)]
     model.eval()
-    for kind in by_rollout(tasks, pool.domains):
+    for kind in by_rollout(draws, pool.domains):  # keeps order within a kind: a task's copies stay together
         for start in range(0, len(kind), batch_size):
             chunk = kind[start:start + batch_size]
             _, texts = sample_rows(model, tokenizer, chunk, pool.domains, max_new_tokens=max_new_tokens,
@@ -42,10 +45,12 @@ def evaluate(
             futures += [pool.submit(task, text) for task, text in zip(chunk, texts)]
             ordered += chunk
     model.train()
-    hits: Hits = defaultdict(list)
-    for task, future in zip(ordered, futures):
-        hits[(task.domain, task.level)].append(float(future.result().result.correct))
+    correct = [float(future.result().result.correct) for future in futures]
     pool.raise_if_broken()
+    hits: Hits = defaultdict(list)
+    for start in range(0, len(ordered), samples):
+        task = ordered[start]
+        hits[(task.domain, task.level)].append(sum(correct[start:start + samples]) / samples)
     return dict(hits)
 
 

@@ -236,6 +236,7 @@ class GRPORecipe:
             self.model, self.tokenizer, self.heldout, self.pool, max_new_tokens=self.cfg.trainer.max_new_tokens,
             max_episode_tokens=self.cfg.trainer.max_episode_tokens,
             temperature=self.cfg.eval.temperature, batch_size=self.cfg.trainer.rollout_batch_size, seed=self.cfg.eval.seed,
+            samples=self.cfg.eval.samples,
             sampler=self._sampler(),
         )
         metrics = summarise(hits)
