@@ -95,3 +95,15 @@ def test_settings_that_name_domains_or_levels_are_checked_before_any_work(tmp_pa
         GRPORecipe(validate_config(raw)).setup()
     assert str(info.value) == message
     assert not (tmp_path / "run").exists()  # no model, no store, no run row
+
+
+def test_each_apps_help_names_the_shared_groups_that_are_the_other_apps():
+    # palestra-train and palestra-sim share conf/, so Hydra's --help lists every group to both
+    from curriculum.sim.config import SimAppConfig
+    from trainer.config import PalestraConfig
+
+    groups = {p.name for p in Path(CONF_DIR).iterdir() if p.is_dir()} - {"experiment"}
+    for yaml_name, config in [("config.yaml", PalestraConfig), ("sim_config.yaml", SimAppConfig)]:
+        header = OmegaConf.load(Path(CONF_DIR) / yaml_name).hydra.help.header
+        foreign = groups - set(config.model_fields)
+        assert foreign and all(f" {group}" in header for group in foreign), (yaml_name, foreign)
