@@ -104,7 +104,7 @@ class _LengthParityPool:
 def tiny_setup(tmp_path_factory):
     path = str(build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", hidden_size=32, layers=2, heads=2,
                                 kv_heads=1, intermediate_size=64))
-    domains = load_all(["arithmetic", "fractions"], {})
+    domains = load_all(["arithmetic", "fractions", "tool_calculator"], {})  # two rollout kinds
     return load_model(path, torch.device("cpu")), load_tokenizer(path, tiny=True), domains
 
 
@@ -119,14 +119,14 @@ def _evaluate(setup, **kwargs):
 def test_greedy_copies_of_a_task_score_what_one_greedy_completion_scores(tiny_setup):
     once, submitted_once = _evaluate(tiny_setup)
     thrice, submitted_thrice = _evaluate(tiny_setup, samples=3)
-    assert submitted_thrice == 3 * submitted_once == 3 * 3 * 10  # 3 tasks at each of 2 x 5 levels
+    assert submitted_thrice == 3 * submitted_once == 3 * 3 * 15  # 3 tasks at each of 3 x 5 levels
     assert {v for cell in once.values() for v in cell} == {0.0, 1.0}  # tasks differ, so a mix-up would show
     assert thrice == once  # each task's three identical completions averaged onto that task, not a neighbour
 
 
 def test_sampled_tasks_score_their_share_of_successes(tiny_setup):
     hits, submitted = _evaluate(tiny_setup, samples=4, temperature=1.0)
-    assert submitted == 4 * 30 and all(len(values) == 3 for values in hits.values())
+    assert submitted == 4 * 45 and all(len(values) == 3 for values in hits.values())
     values = [v for cell in hits.values() for v in cell]
     assert all(v * 4 == int(v * 4) for v in values)
     assert any(0 < v < 1 for v in values)  # an untrained model's lengths vary between samples

@@ -142,14 +142,15 @@ def test_an_unreachable_store_stops_with_a_checkpoint_that_loses_nothing(tmp_pat
     assert per_step == {1: 16, 2: 16, 3: 16, 4: 16}
 
 
-def test_a_resume_with_other_heldout_tasks_finishes_without_pairing_them(tmp_path):
+@pytest.mark.parametrize("other_eval", [{"tasks_per_level": 2}, {"tasks_per_level": 1, "temperature": 0.7, "samples": 2}],
+                         ids=["other tasks", "sampled instead of greedy"])
+def test_a_resume_with_another_heldout_evaluation_finishes_without_pairing_them(tmp_path, other_eval):
     # The run stops after step 2 of 4 with a checkpoint, then resumes with twice the held-out
-    # tasks: the saved "before" evaluation no longer matches, so there is no gain and no interval
-    # (instead of a crash at the end that every later resume would repeat).
+    # tasks, or the same tasks sampled: the saved "before" evaluation no longer compares, so there
+    # is no gain and no interval (instead of a crash, or a gain between two kinds of measurement).
     first = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, checkpoint={"every": 1})))
     assert "macro_gain_ci95" in first
-    resumed = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=4, resume="auto",
-                                       eval={"tasks_per_level": 2})))
+    resumed = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=4, resume="auto", eval=other_eval)))
     assert resumed["run_id"] == first["run_id"]
     assert "macro_gain_ci95" not in resumed
     assert resumed["before"] == {} and resumed["macro_gain"] is None  # nothing comparable before GRPO
@@ -198,13 +199,15 @@ def test_resume_with_a_store_that_lacks_the_run_fails_in_one_line(tmp_path):
         run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, resume=str(tmp_path / "nowhere"))))
 
 
-def test_resume_with_another_tiny_shape_fails_in_one_line_and_keeps_the_run(tmp_path):
+def test_another_tiny_shape_fails_in_one_line_on_resume_and_in_a_used_output_dir(tmp_path):
     first = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=1, checkpoint={"every": 1})))
-    wider = tiny(tmp_path, ["arithmetic"], steps=2, resume="auto",
-                 model={**TINY, "tiny": {**TINY["tiny"], "hidden_size": 64}})
+    wider = {**TINY, "tiny": {**TINY["tiny"], "hidden_size": 64}}
+    with pytest.raises(ConfigError, match=r"^resume: the model in \S+step-0000001 has hidden_size 32 \(asked 64\); "
+                                          r"a run keeps its model's shape \(start a new run to change it\)$"):
+        run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, resume="auto", model=wider)))
     with pytest.raises(ConfigError, match=r"^model\.tiny: the tiny model at \S+tiny-model has hidden_size 32 "
-                                          r"\(asked 64\); a run keeps its model's shape \(start a new run to change it\)$"):
-        run(validate_config(wider))
-    # the refused resume changed nothing: the original shape resumes and finishes
+                                          r"\(asked 64\); use another output_dir for another shape$"):
+        run(validate_config(tiny(tmp_path, ["arithmetic"], steps=1, model=wider)))
+    # the refused launches changed nothing: the original shape resumes and finishes
     resumed = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, resume="auto")))
     assert resumed["run_id"] == first["run_id"]

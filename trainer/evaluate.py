@@ -12,7 +12,7 @@ from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate
 
 
-Hits = dict[tuple[str, int], list[float]]  # (domain, level) -> one 0/1 success per held-out task
+Hits = dict[tuple[str, int], list[float]]  # (domain, level) -> each held-out task's success (0/1, or a share)
 
 
 def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list[Task]:

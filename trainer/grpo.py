@@ -41,7 +41,7 @@ from trainer.evaluate import Hits, evaluate, format_eval, heldout_tasks, paired_
 from trainer.health import HealthMonitor
 from trainer.losses import grpo_loss, group_advantages
 from trainer.metrics import MetricsLogger
-from trainer.models import load_model, load_tokenizer, model_path, pick_device
+from trainer.models import check_resumable, load_model, load_tokenizer, model_path, pick_device
 from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate, sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss, warm_start
@@ -75,6 +75,7 @@ class GRPORecipe:
         seed_everything(cfg.seed)
         latest = self.world.broadcast(checkpoint.find(self.output_dir, cfg.resume) if self.world.is_main else None)
         if latest is not None:
+            check_resumable(cfg.model, latest)
             # a resumed run goes on in its own folder (Hydra gives every launch a new one): the SFT
             # model that anchors the KL, the default SQLite store and the metrics are there
             self.output_dir = checkpoint.run_folder(latest) or self.output_dir
@@ -146,9 +147,11 @@ class GRPORecipe:
         if "health" in state:  # checkpoints from before the alarms were saved start them afresh
             self.health.load_state_dict(state["health"])
         self.heldout_hits = state.get("heldout_hits", {})
-        if state.get("heldout_ids") != [t.id for t in self.heldout]:
+        settings = self._evaluation_settings()
+        if (state.get("heldout_ids") != [t.id for t in self.heldout]
+                or state.get("heldout_settings", settings) != settings):
             # eval settings or domains changed since the checkpoint: the evaluation before GRPO was
-            # of other tasks, so nothing after can be compared with it
+            # of other tasks, or decoded them another way, so nothing after can be compared with it
             self.heldout_hits = {}
             self.health.forget_evaluations()
 
@@ -247,6 +250,12 @@ class GRPORecipe:
         self._store_heldout(step, metrics)
         self._alarm(step, self.health.after_eval(metrics["eval/macro"]))
         return metrics
+
+    def _evaluation_settings(self) -> dict[str, Any]:
+        """What decides how the held-out tasks are decoded and scored, besides the tasks themselves."""
+        cfg = self.cfg
+        return {"temperature": cfg.eval.temperature, "samples": cfg.eval.samples,
+                "max_new_tokens": cfg.trainer.max_new_tokens, "max_episode_tokens": cfg.trainer.max_episode_tokens}
 
     def _store_heldout(self, step: int, metrics: dict[str, float]) -> None:
         """The evaluation joins the step's metrics in the store, under the keys ``palestra compare``
@@ -520,7 +529,7 @@ class GRPORecipe:
                    "selector": self.tasks.selector.state_dict(),
                    "rng": checkpoint.capture_rng(), "heldout_hits": self.heldout_hits,
                    "health": self.health.state_dict(),
-                   "heldout_ids": [t.id for t in self.heldout]},
+                   "heldout_ids": [t.id for t in self.heldout], "heldout_settings": self._evaluation_settings()},
         )
 
     def cleanup(self, status: str = "finished") -> None:

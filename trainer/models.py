@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from domains.api import Messages
 from trainer.config import ConfigError, ModelConfig
-from trainer.tiny_model import build_tiny_model
+from trainer.tiny_model import TinyShapeMismatch, build_tiny_model, shape_differences, tiny_shape
 
 
 def pick_device(choice: str) -> torch.device:
@@ -21,16 +21,22 @@ def pick_device(choice: str) -> torch.device:
 def model_path(cfg: ModelConfig, output_dir: Path, seed: int) -> str:
     """Where the weights come from: a freshly built tiny model folder, or the user's model."""
     if cfg.type == "tiny":
-        t = cfg.tiny
         try:
-            return str(build_tiny_model(
-                output_dir / "tiny-model", hidden_size=t.hidden_size, layers=t.layers, heads=t.heads,
-                kv_heads=t.kv_heads, intermediate_size=t.intermediate_size, seed=seed,
-            ))
-        except ValueError as exc:
+            return str(build_tiny_model(output_dir / "tiny-model", **cfg.tiny.model_dump(), seed=seed))
+        except TinyShapeMismatch as exc:
             raise ConfigError(f"model.tiny: {exc}") from None
     assert cfg.name_or_path is not None
     return cfg.name_or_path
+
+
+def check_resumable(cfg: ModelConfig, checkpoint: Path) -> None:
+    """A resume keeps the run's model: other ``model.tiny`` settings would not fit its weights."""
+    if cfg.type != "tiny":
+        return
+    differ = shape_differences(checkpoint, tiny_shape(**cfg.tiny.model_dump()))
+    if differ:
+        raise ConfigError(f"resume: the model in {checkpoint} has {differ}; "
+                          "a run keeps its model's shape (start a new run to change it)")
 
 
 def load_tokenizer(path: str, tiny: bool) -> PreTrainedTokenizerBase:

@@ -50,23 +50,38 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+class TinyShapeMismatch(ValueError):
+    """A saved tiny model folder of another shape than the one asked for."""
+
+
+def tiny_shape(*, hidden_size: int, layers: int, heads: int, kv_heads: int, intermediate_size: int) -> dict[str, int]:
+    """The settings that fix the weights' shapes, under their Qwen2Config names."""
+    return dict(hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, intermediate_size=intermediate_size)
+
+
+def shape_differences(folder: str | Path, shape: dict[str, int]) -> str:
+    """What differs between the model saved in ``folder`` and ``shape`` ("hidden_size 32 (asked
+    64)"); empty when nothing does."""
+    saved = json.loads((Path(folder) / "config.json").read_text())
+    return ", ".join(f"{key} {saved.get(key)} (asked {value})" for key, value in shape.items() if saved.get(key) != value)
+
+
 def build_tiny_model(
     path: str | Path, *, hidden_size: int = 128, layers: int = 4, heads: int = 4,
     kv_heads: int = 2, intermediate_size: int = 384, max_positions: int = 512, seed: int = 0,
 ) -> Path:
     """Create (or reuse) the tiny model folder at ``path`` and return the path.
 
-    A folder that is reused (a resumed run's) must have the shape asked for: otherwise a resume
-    with other ``model.tiny`` settings would quietly go on training the old shape."""
+    A folder that is reused must have the shape asked for: a run started again in the same
+    ``output_dir`` with other ``model.tiny`` settings would otherwise quietly train the old shape."""
     path = Path(path)
-    shape = dict(hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
-                 num_key_value_heads=kv_heads, intermediate_size=intermediate_size)
+    shape = tiny_shape(hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
+                       intermediate_size=intermediate_size)
     if (path / "config.json").exists():
-        saved = json.loads((path / "config.json").read_text())
-        differ = [f"{key} {saved.get(key)} (asked {value})" for key, value in shape.items() if saved.get(key) != value]
+        differ = shape_differences(path, shape)
         if differ:
-            raise ValueError(f"the tiny model at {path} has {', '.join(differ)}; "
-                             "a run keeps its model's shape (start a new run to change it)")
+            raise TinyShapeMismatch(f"the tiny model at {path} has {differ}; use another output_dir for another shape")
         return path
     tokenizer = build_tokenizer()
     config = Qwen2Config(
