@@ -398,14 +398,15 @@ class GRPORecipe:
         stat_rows, stat_tokens = max(1, len(trained)), float(mask[trained].sum().clamp(min=1.0))
         first, last = self.world.share(len(trained))
         mine = trained[first:last]  # this rank's rows: an even share of those trained on
-        lo, hi = self.world.share(len(batch.tasks))  # this rank's tasks, for the SFT blend
         seqs, attn = r.sequences[mine].to(self.device), r.attention_mask[mine].to(self.device)
         mask, adv = mask[mine].to(self.device), advantages[mine].to(self.device)
         rows = seqs.shape[0]
         chunks = [slice(i, min(i + t.micro_batch_size, rows)) for i in range(0, rows, t.micro_batch_size)]
         old_logp = self._frozen_logprobs(self.model, seqs, attn, r.prompt_width, chunks) if t.mu > 1 else None
         ref_logp = self._frozen_logprobs(self.ref_model, seqs, attn, r.prompt_width, chunks) if self.ref_model else None
-        sft_pairs, sft_share = self._sft_share(batch.tasks, lo, hi) if t.sft_coef > 0 else ([], None)
+        # the SFT blend splits the step's tasks, not its rows: each task's references go to one rank
+        sft_pairs, sft_share = (self._sft_share(batch.tasks, *self.world.share(len(batch.tasks)))
+                                if t.sft_coef > 0 else ([], None))
         stats: dict[str, float] = defaultdict(float)
         grad_norm = 0.0
         for _ in range(t.mu):
