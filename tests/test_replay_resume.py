@@ -59,7 +59,8 @@ def test_replay_flags_a_nondeterministic_verifier(tmp_path, capsys):
 
 
 def _train_cli(output_dir: Path, steps: int, resume: str = "never") -> subprocess.Popen:
-    args = [sys.executable, "-m", "trainer.app", f"output_dir={output_dir}", "seed=5", f"trainer.steps={steps}",
+    # hydra.run.dir (output_dir follows it) keeps Hydra's own files out of the source tree's outputs/
+    args = [sys.executable, "-m", "trainer.app", f"hydra.run.dir={output_dir}", "seed=5", f"trainer.steps={steps}",
             "trainer.prompts_per_step=4", "trainer.group_size=4", "trainer.max_new_tokens=8",
             "trainer.rollout_batch_size=16", "trainer.micro_batch_size=16", "verifier.workers=1",
             "sft.steps=3", "sft.batch_size=8", "eval.tasks_per_level=1", "checkpoint.every=1",
