@@ -5,11 +5,7 @@ aggregates per (domain, level), the plan of every step, the trainer's scalar met
 themselves. The SQL is portable (no SQLite-only features) so the same code runs on PostgreSQL
 (``postgresql+psycopg://...``) for sweeps that write from many machines.
 
-Tables: runs; results (one row per completion, the completion zlib-compressed); step_stats (per
-step and (domain, level)); plans (per step, one row per domain that got prompts); plan_vectors (per
-step, the full weight and level vectors as JSON lists — a row per domain per step would dominate
-the write at a thousand domains); metrics (per step, JSON); meta (schema_version); prompt_steps and prompt_stats (per prompt, for
-the within-domain PromptSelector: see ``write_prompt_step``).
+The tables are in ``curriculum.schema``.
 
 Writes are batched: ``write_step`` is one transaction per step, and it replaces whatever that
 (run, step) held before (delete, then insert), so a resumed run that replays a step never counts
@@ -27,41 +23,32 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Boolean,
-    DateTime,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    LargeBinary,
-    String,
-    create_engine,
-    delete,
-    event,
-    func,
-    insert,
-    select,
-    update,
-)
-from sqlalchemy.engine import Engine
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, ProgrammingError
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from curriculum.schema import (
+    SCHEMA_VERSION,
+    STEP_TABLES,
+    Base,
+    MetaRow,
+    MetricRow,
+    PlanRow,
+    PlanVectorRow,
+    PromptStatRow,
+    PromptStepRow,
+    ResultRow,
+    RunRow,
+    StepStatRow,
+    TaskRow,
+    make_engine,
+)
 
 if TYPE_CHECKING:
     from curriculum.types import Outcome, Plan
 
-SCHEMA_VERSION = 1
-SQLITE_BUSY_TIMEOUT_MS = 30_000  # parallel sweep runs may share one SQLite file
-
 # Positional placeholder per DB-API paramstyle, for the multi-row inserts of write_step.
 _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 _MAX_PARAMS = 999  # host parameters per statement: the smallest limit of any SQLite build
-
-# BIGINT autoincrement is spelled differently per backend; SQLite only autoincrements INTEGER.
-_RowId = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class StoreUnavailable(RuntimeError):
@@ -72,174 +59,8 @@ class SchemaVersionError(RuntimeError):
     """The database was written by a newer Palestra than this one."""
 
 
-class Base(DeclarativeBase):
-    pass
-
-
 def _now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-class RunRow(Base):
-    __tablename__ = "runs"
-    id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
-    sweep_id: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
-    config: Mapped[dict] = mapped_column(JSON)
-    seed: Mapped[int] = mapped_column(BigInteger)
-    status: Mapped[str] = mapped_column(String(32))
-    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    last_step: Mapped[int] = mapped_column(Integer, default=-1)
-
-
-class ResultRow(Base):
-    __tablename__ = "results"
-    id: Mapped[int] = mapped_column(_RowId, primary_key=True, autoincrement=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    step: Mapped[int] = mapped_column(Integer)
-    domain: Mapped[str] = mapped_column(String(200))
-    level: Mapped[int] = mapped_column(Integer)
-    task_id: Mapped[str] = mapped_column(String(200))
-    group_index: Mapped[int] = mapped_column(Integer)
-    reward: Mapped[float] = mapped_column(Float)
-    correct: Mapped[bool] = mapped_column(Boolean)
-    status: Mapped[str] = mapped_column(String(32))
-    advantage: Mapped[float] = mapped_column(Float)
-    prompt_hash: Mapped[str] = mapped_column(String(128))
-    completion_hash: Mapped[str] = mapped_column(String(128))
-    latency_s: Mapped[float] = mapped_column(Float)
-    completion: Mapped[bytes] = mapped_column(LargeBinary)  # zlib-compressed UTF-8
-    verifier_version: Mapped[str] = mapped_column(String(64))
-    __table_args__ = (Index("ix_results_run_step", "run_id", "step"),)
-
-
-class StepStatRow(Base):
-    __tablename__ = "step_stats"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    step: Mapped[int] = mapped_column(Integer, primary_key=True)
-    domain: Mapped[str] = mapped_column(String(200), primary_key=True)
-    level: Mapped[int] = mapped_column(Integer, primary_key=True)
-    attempts: Mapped[int] = mapped_column(Integer)
-    successes: Mapped[int] = mapped_column(Integer)
-    reward_sum: Mapped[float] = mapped_column(Float)
-    abs_adv_sum: Mapped[float] = mapped_column(Float)  # kept so signals rebuild bit-exactly
-    mean_abs_adv: Mapped[float] = mapped_column(Float)
-    zero_var_groups: Mapped[int] = mapped_column(Integer)
-    groups: Mapped[int] = mapped_column(Integer)
-
-
-class PlanRow(Base):
-    __tablename__ = "plans"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    step: Mapped[int] = mapped_column(Integer, primary_key=True)
-    domain: Mapped[str] = mapped_column(String(200), primary_key=True)
-    weight: Mapped[float] = mapped_column(Float)
-    level: Mapped[int] = mapped_column(Integer)
-    n_prompts: Mapped[int] = mapped_column(Integer)
-
-
-class PlanVectorRow(Base):
-    """The whole plan of a step as three JSON lists (domain order, weights, levels).
-
-    ``plans`` keeps one row per domain that got prompts; with a thousand domains a row per domain
-    per step would be most of the step's write, so the full vectors live here as one row.
-    """
-
-    __tablename__ = "plan_vectors"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    step: Mapped[int] = mapped_column(Integer, primary_key=True)
-    domains: Mapped[list] = mapped_column(JSON)
-    weights: Mapped[list] = mapped_column(JSON)
-    levels: Mapped[list] = mapped_column(JSON)
-
-
-class MetricRow(Base):
-    __tablename__ = "metrics"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    step: Mapped[int] = mapped_column(Integer, primary_key=True)
-    values: Mapped[dict] = mapped_column(JSON)
-
-
-class TaskRow(Base):
-    """The tasks a run trained on, by id, so any stored result can be re-verified (replay)."""
-
-    __tablename__ = "tasks"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    task_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    task: Mapped[bytes] = mapped_column(LargeBinary)  # zlib-compressed Task JSON
-
-
-class PromptStepRow(Base):
-    """What one step taught about one prompt: the delta that ``prompt_stats`` sums.
-
-    ``tail_correct`` / ``tail_wrong``: how many of the step's last groups of this prompt (in group
-    order) were all-correct / all-wrong; with ``groups`` they carry the streaks across steps.
-    """
-
-    __tablename__ = "prompt_steps"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    step: Mapped[int] = mapped_column(Integer, primary_key=True)
-    task_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    domain: Mapped[str] = mapped_column(String(200))
-    attempts: Mapped[int] = mapped_column(Integer)
-    successes: Mapped[int] = mapped_column(Integer)
-    groups: Mapped[int] = mapped_column(Integer)
-    tail_correct: Mapped[int] = mapped_column(Integer)
-    tail_wrong: Mapped[int] = mapped_column(Integer)
-
-
-class PromptStatRow(Base):
-    """Per prompt totals over a run: what the PromptSelector reads back."""
-
-    __tablename__ = "prompt_stats"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    domain: Mapped[str] = mapped_column(String(200), primary_key=True)
-    task_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    attempts: Mapped[int] = mapped_column(Integer)
-    successes: Mapped[int] = mapped_column(Integer)
-    groups: Mapped[int] = mapped_column(Integer)
-    all_correct_streak: Mapped[int] = mapped_column(Integer)  # groups, most recent first
-    all_wrong_streak: Mapped[int] = mapped_column(Integer)
-    last_step: Mapped[int] = mapped_column(Integer)
-
-
-class MetaRow(Base):
-    __tablename__ = "meta"
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[str] = mapped_column(String(200))
-
-
-_STEP_TABLES = (ResultRow, StepStatRow, PlanRow, PlanVectorRow, MetricRow)
-
-
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    # Let SQLAlchemy's "begin" event open transactions itself (pysqlite's implicit BEGIN would
-    # otherwise start them late and split reads from writes).
-    dbapi_conn.isolation_level = None
-    cur = dbapi_conn.cursor()
-    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")  # first: switching to WAL may wait
-    cur.execute("PRAGMA journal_mode=WAL")  # readers (dashboards) never block the writer
-    cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
-
-
-def _sqlite_begin(conn: Any) -> None:
-    # IMMEDIATE takes the write lock up front. A plain (deferred) BEGIN that reads and then writes
-    # fails at once with "database is locked" under WAL when another connection wrote in between:
-    # SQLite cannot upgrade a stale read snapshot, and the busy timeout does not apply to that.
-    # Reads (marked ``read_only``) take no lock, so a dashboard never blocks a training run.
-    read_only = conn.get_execution_options().get("read_only", False)
-    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
-
-
-def make_engine(url: str) -> Engine:
-    engine = create_engine(url, future=True)
-    if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
-        event.listen(engine, "begin", _sqlite_begin)
-    return engine
 
 
 def _compress(text: str) -> bytes:
@@ -377,7 +198,7 @@ class StatsStore:
         with self.engine.begin() as conn:
             if tasks:
                 self._insert_new_tasks(conn, run_id, tasks)
-            for table in _STEP_TABLES:  # delete first: re-writing a step replaces it
+            for table in STEP_TABLES:  # delete first: re-writing a step replaces it
                 conn.execute(delete(table).where(table.run_id == run_id, table.step == step))
             for table, rows in ((ResultRow, result_rows), (StepStatRow, stat_rows), (PlanRow, plan_rows)):
                 self._bulk_insert(conn, table, rows)
@@ -447,7 +268,7 @@ class StatsStore:
             with self.engine.begin() as conn:
                 gone = conn.execute(select(func.count()).select_from(ResultRow).where(
                     ResultRow.run_id == run_id, ResultRow.step > step)).scalar() or 0
-                for table in _STEP_TABLES:
+                for table in STEP_TABLES:
                     conn.execute(delete(table).where(table.run_id == run_id, table.step > step))
                 conn.execute(update(RunRow).where(RunRow.id == run_id).values(last_step=step, status="running"))
             return int(gone)

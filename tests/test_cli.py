@@ -69,7 +69,7 @@ def test_reading_a_missing_or_broken_database_fails_in_one_line_and_creates_noth
 def test_a_database_of_a_newer_schema_is_a_one_line_error(tmp_path, capsys):
     from sqlalchemy import update
 
-    from curriculum.store import MetaRow
+    from curriculum.schema import MetaRow
 
     url = f"sqlite:///{tmp_path / 'future.db'}"
     with StatsStore(url) as store, store.engine.begin() as conn:

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from curriculum.config import SelectionConfig
 from curriculum.prompts import PromptSelector, step_deltas
-from curriculum.store import Base, StatsStore, make_engine
+from curriculum.schema import Base, make_engine
+from curriculum.store import StatsStore
 from curriculum.types import Outcome
 from domains.api import Task
 

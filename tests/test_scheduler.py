@@ -12,7 +12,8 @@ from curriculum.config import parse_difficulty, parse_policy
 from curriculum.policies import POLICIES
 from curriculum.scheduler import Scheduler, allocate, next_credit
 from curriculum.signals import Signals
-from curriculum.store import Base, StatsStore, make_engine
+from curriculum.schema import Base, make_engine
+from curriculum.store import StatsStore
 from curriculum.types import Outcome, Plan
 
 DOMAINS = {"arithmetic": (1, 2, 3), "fractions": (1, 2, 3), "code": (1, 2), "tools": (1,)}

@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 from sqlalchemy import event, text, update
 
 from curriculum.config import StoreConfig
-from curriculum.store import Base, MetaRow, SchemaVersionError, StatsStore, make_engine
+from curriculum.schema import Base, MetaRow, make_engine
+from curriculum.store import SchemaVersionError, StatsStore
 from curriculum.types import Outcome, Plan
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

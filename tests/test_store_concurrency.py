@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy import event, text
 
 from curriculum.prompts import step_deltas
-from curriculum.store import Base, StatsStore, StoreUnavailable, make_engine
+from curriculum.schema import Base, make_engine
+from curriculum.store import StatsStore, StoreUnavailable
 from curriculum.types import Outcome, Plan
 
 PG_URL = os.environ.get("PALESTRA_TEST_PG_URL")
