@@ -12,9 +12,8 @@ import pytest
 
 from domains import registry
 from domains.api import Status
-from domains.code import (
-    CodeDatasetDomain, assemble, detect_format, extract_code, stdout_matches, values_match,
-)
+from domains.code import assemble, extract_code, stdout_matches, values_match
+from domains.code_dataset import CodeDatasetDomain, detect_format
 from domains.code_gen import INT_TEMPLATES, LIST_TEMPLATES, IntFunctionsDomain, ListFunctionsDomain
 from domains.pool import VerifierPool
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from domains.code import CodeDatasetDomain, CodeDomain
+from domains.code import CodeDomain
+from domains.code_dataset import CodeDatasetDomain
 from domains.code_gen import IntFunctionsDomain
 from domains.pool import VerifierPool
 from domains.sandbox import SandboxConfig, SandboxUnavailable, self_test
