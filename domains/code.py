@@ -41,9 +41,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from domains.api import Domain, DomainConfig, Status, Task, VerifyResult
-from domains.sandbox import (
-    SandboxConfig, SandboxProcess, SandboxUnavailable, decode_value, run_script, self_test,
-)
+from domains.sandbox import SandboxConfig, SandboxProcess, SandboxUnavailable, run_script, self_test
+from domains.sandbox_harness import decode_value
 
 log = logging.getLogger("palestra.code")
 
