@@ -11,7 +11,8 @@ Three test formats, detected from the fields of each dataset row and normalised 
 * ``call`` — ``fn_name`` plus input/output pairs (APPS call-based rows, or ``tests: [{input,
   output}]``): each input is an argument list, the return value comes back as plain data and is
   compared here (integers exactly, floats with a tolerance). A LeetCode-style row's entry is a
-  method of ``class Solution``; ``typing`` names are imported for it, as that judge does.
+  method of ``class Solution``; ``typing`` names are imported for code that uses them, as that
+  judge does.
 * ``stdio`` — ``input_output: {inputs, outputs}`` without ``fn_name`` (APPS / CodeContests): one
   fresh sandbox per case, stdout compared here line by line after stripping trailing space,
   integer tokens exactly and other numbers with a tolerance.
@@ -36,6 +37,7 @@ import logging
 import math
 import re
 import time
+import typing
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -292,14 +294,27 @@ def _start(config: CodeConfig, code: str, entry: str, outcome: _Outcome) -> _Cal
     return None
 
 
-# LeetCode-style starters annotate with List, Optional, …, which that judge imports for them
+# LeetCode-style starters annotate with List, Optional, …, which that judge imports for them.
 CALL_PREAMBLE = "from typing import *\n"
+TYPING_NAMES = frozenset(typing.__all__)
+
+
+def typing_preamble(code: str) -> str:
+    """CALL_PREAMBLE for a program that names something ``typing`` exports, else nothing.
+
+    Importing ``typing`` takes about 20 ms in the sandbox's interpreter, as long as the rest of a
+    trivial program's start, so programs that never name one of its exports skip it.
+    Departure: a name reached only through ``eval`` or ``globals()`` is not seen.
+    """
+    names = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
+    return CALL_PREAMBLE if names & TYPING_NAMES else ""
 
 
 def run_call_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Outcome:
     cases = payload["cases"][: config.max_tests]
     outcome = _Outcome(len(cases))
-    caller = _start(config, futures_first(CALL_PREAMBLE + code), payload["entry_point"], outcome)
+    program = futures_first(typing_preamble(code) + code)
+    caller = _start(config, program, payload["entry_point"], outcome)
     if caller is None:
         return outcome
     for case in cases:

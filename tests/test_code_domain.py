@@ -12,7 +12,7 @@ import pytest
 
 from domains import registry
 from domains.api import Status
-from domains.code import assemble, extract_code, stdout_matches, values_match
+from domains.code import CALL_PREAMBLE, assemble, extract_code, stdout_matches, typing_preamble, values_match
 from domains.code_dataset import CodeDatasetDomain, detect_format
 from domains.code_gen import INT_TEMPLATES, LIST_TEMPLATES, IntFunctionsDomain, ListFunctionsDomain
 from domains.pool import VerifierPool
@@ -104,6 +104,12 @@ def test_humaneval_full_function_may_use_the_prompts_imports(dataset):
     full = ("```python\ndef has_close(numbers: List[float], threshold: float) -> bool:\n"
             "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```")
     assert dataset.verify(task, full).status is Status.OK
+
+
+def test_only_programs_that_name_a_typing_export_get_the_typing_import():
+    assert typing_preamble("def f(a: List[int]) -> Optional[int]:\n    return None\n") == CALL_PREAMBLE
+    assert typing_preamble("def f(x):\n    return Counter(x)\n") == CALL_PREAMBLE  # typing exports it too
+    assert typing_preamble("def f(x):\n    return 'List' + x.Dict\n") == ""  # a string and an attribute
 
 
 def test_leetcode_style_rows_call_the_method_of_solution(tmp_path):
@@ -368,6 +374,6 @@ def test_a_program_may_start_with_a_future_import_after_a_prompt_or_preamble(dat
     call = next(t for t in dataset.tasks if t.payload["format"] == "call")  # after the typing preamble
     fn = call.payload["entry_point"]
     body = {"double": "return [2 * x for x in a]", "add": "return a + b"}[fn]
-    args = {"double": "a: list", "add": "a: int, b: int"}[fn]
+    args = {"double": "a: List[int]", "add": "a: int, b: Optional[int]"}[fn]  # names typing exports
     source = f"```python\nfrom __future__ import annotations\ndef {fn}({args}):\n    {body}\n```"
     assert dataset.verify(call, source).status is Status.OK
