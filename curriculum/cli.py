@@ -15,7 +15,6 @@ import argparse
 import json
 import random
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -30,11 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (DomainError, KeyError, FileNotFoundError, ValueError, SQLAlchemyError, SchemaVersionError, StoreUnavailable,
+    except (DomainError, KeyError, OSError, ValueError, SQLAlchemyError, SchemaVersionError, StoreUnavailable,
             VerifierPoolBroken) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"error: {' '.join(str(message).split())[:300]}", file=sys.stderr)
         return 2
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--db", required=True)
     p.add_argument("--run", required=True)
     p.add_argument("--step", type=int, default=None)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=_positive, default=2)
     p.add_argument("--json", action="store_true")
     p = command("compare", cmd_compare, "compare the policies of a sweep, with paired-seed 95%% CIs")
     p.add_argument("--db", required=True)
@@ -78,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     p = command("sample", cmd_sample, "draw tasks with their reference completions")
     p.add_argument("--domain", required=True)
     p.add_argument("--level", type=int, required=True)
-    p.add_argument("-n", type=int, default=5)
+    p.add_argument("-n", type=_positive, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="domain option (JSON value)")
     p.add_argument("--json", action="store_true")
@@ -86,23 +92,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--domain", required=True)
     p.add_argument("--input", required=True, help="JSONL file ('-' for stdin)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=_positive, default=2)
     return parser
 
 
 # -- store views --------------------------------------------------------------------------------------
 def _open_store(url: str):
-    """The store behind ``url``; a SQLite file must exist already (these commands only read, and a
-    mistyped path would otherwise be created, empty)."""
-    from sqlalchemy.engine import make_url
-
+    """The store behind ``url``, which must exist already: these commands only read, and neither a
+    mistyped path nor another application's database gets Palestra's tables written into it."""
     from curriculum.store import StatsStore
 
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        if not Path(parsed.database).is_file():
-            raise FileNotFoundError(f"no database at {parsed.database}")
-    return StatsStore(url)
+    return StatsStore(url, create=False)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -144,13 +144,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json(), indent=1))
     else:
         print(f"run {report.run_id}: re-verified {report.checked} results, {len(report.mismatches)} mismatches"
-              + (f", {report.missing_tasks} without a stored task" if report.missing_tasks else ""))
+              + (f", {report.missing_tasks} without a stored task" if report.missing_tasks else "")
+              + (f", {report.unreadable} stored damaged" if report.unreadable else ""))
+        for domain, count in report.unknown_domains.items():
+            print(f"  {count} results of domain {domain!r}, which the run's config does not name, were not checked")
         for domain, change in report.version_changes.items():
             print(f"  verifier version of {domain} changed: {change}")
         if report.mismatches:
             _table([vars(m) for m in report.mismatches[:50]],
                    ["step", "domain", "task_id", "stored_reward", "replayed_reward", "stored_status", "replayed_status"])
-    return 1 if report.mismatches else 0
+    return 1 if report.mismatches or report.unchecked else 0  # a replay that could not check everything fails
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -230,6 +233,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
             continue
         try:
             row = json.loads(line)
+            if not isinstance(row, dict) or "task" not in row or not {"completion", "reference"} & row.keys():
+                raise ValueError('a line is a JSON object with "task" and "completion"')
+            named = row["task"].get("domain") if isinstance(row["task"], dict) else None
+            if named is not None and named != domain.name:
+                raise ValueError(f"the task is of domain {named!r}, not {domain.name!r}")
             task = domain.task_from_json(row["task"])
             # `palestra sample` lines carry a "reference": verifying them as they are checks the references
             completion = row["completion"] if "completion" in row else row["reference"]

@@ -248,7 +248,8 @@ def describe_error(exc: ValidationError) -> str:
     first = errors[0]
     loc = ".".join(str(part) for part in first["loc"] if not _is_union_tag(part))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{loc or 'config'}: {first['msg']}{more}"
+    message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for our own checks
+    return f"{loc or 'config'}: {message}{more}"
 
 
 def _is_union_tag(part: object) -> bool:

@@ -32,36 +32,60 @@ class Mismatch:
 class ReplayReport:
     run_id: str
     checked: int = 0
-    missing_tasks: int = 0
+    missing_tasks: int = 0  # results whose task is not in the store
+    unreadable: int = 0  # results whose completion or task is stored damaged
+    unknown_domains: dict[str, int] = field(default_factory=dict)  # results of domains not in the run's config
     version_changes: dict[str, str] = field(default_factory=dict)  # domain -> "stored -> now"
     mismatches: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def unchecked(self) -> int:
+        return self.missing_tasks + self.unreadable + sum(self.unknown_domains.values())
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "mismatches": [asdict(m) for m in self.mismatches]}
 
 
 def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int = 2) -> ReplayReport:
-    config = store.run(run_id)["config"] or {}
-    domains = load_all(config.get("domains", []), config.get("domain_options") or {})
+    run = store.run(run_id)
+    domains = load_all((run["config"] or {}).get("domains", []), (run["config"] or {}).get("domain_options") or {})
     rows = store.results(run_id, step=step)
+    if step is not None and not rows:
+        recorded = f"steps 1-{run['last_step']}" if run["last_step"] >= 1 else "no recorded steps"
+        raise ValueError(f"run {run_id} has no results at step {step} (it has {recorded})")
     tasks = store.tasks(run_id, {r["task_id"] for r in rows})
     report = ReplayReport(run_id)
     checkable = []
     for row in rows:
-        if row["task_id"] not in tasks or row["domain"] not in domains:
+        task = _readable_task(tasks.get(row["task_id"], {}))
+        if row["domain"] not in domains:
+            report.unknown_domains[row["domain"]] = report.unknown_domains.get(row["domain"], 0) + 1
+        elif row["task_id"] not in tasks:
             report.missing_tasks += 1
-            continue
-        checkable.append(row)
-        now = domains[row["domain"]].version
-        if row["verifier_version"] and row["verifier_version"] != now:
-            report.version_changes[row["domain"]] = f"{row['verifier_version']} -> {now}"
+        elif task is None or row["completion"] is None:
+            report.unreadable += 1
+        else:
+            checkable.append((row, task))
+            now = domains[row["domain"]].version
+            if row["verifier_version"] and row["verifier_version"] != now:
+                report.version_changes[row["domain"]] = f"{row['verifier_version']} -> {now}"
     with VerifierPool(domains, workers=workers) as pool:
-        verdicts = pool.verify_many([(Task.from_json(tasks[r["task_id"]]), r["completion"]) for r in checkable])
+        verdicts = pool.verify_many([(task, row["completion"]) for row, task in checkable])
         pool.raise_if_broken()  # not a report of every row as a mismatch
-    for row, verdict in zip(checkable, verdicts):
+    for (row, _), verdict in zip(checkable, verdicts):
         report.checked += 1
         result = verdict.result
         if abs(result.reward - row["reward"]) > 1e-9 or result.status.value != row["status"]:
             report.mismatches.append(Mismatch(row["step"], row["domain"], row["task_id"], row["reward"],
                                               result.reward, row["status"], result.status.value))
     return report
+
+
+def _readable_task(data: dict | None) -> Task | None:
+    """The stored task, or None when its JSON is damaged (``{}``: not stored at all)."""
+    if not data:
+        return None
+    try:
+        return Task.from_json(data)
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -173,13 +173,14 @@ class MetaRow(Base):
 STEP_TABLES = (ResultRow, StepStatRow, PlanRow, PlanVectorRow, MetricRow)
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any, wal: bool = True) -> None:
     # Let SQLAlchemy's "begin" event open transactions itself (pysqlite's implicit BEGIN would
     # otherwise start them late and split reads from writes).
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")  # first: switching to WAL may wait
-    cur.execute("PRAGMA journal_mode=WAL")  # readers (dashboards) never block the writer
+    if wal:  # the mode is stored in the file: a reader leaves a file as it found it
+        cur.execute("PRAGMA journal_mode=WAL")  # readers (dashboards) never block the writer
     cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
@@ -194,9 +195,13 @@ def _sqlite_begin(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, writer: bool = True) -> Engine:
+    """An engine for ``url``; ``writer=False`` leaves a SQLite file's journal mode alone."""
     engine = create_engine(url, future=True)
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
+        def pragmas(dbapi_conn: Any, record: Any) -> None:
+            _sqlite_pragmas(dbapi_conn, record, wal=writer)
+
+        event.listen(engine, "connect", pragmas)
         event.listen(engine, "begin", _sqlite_begin)
     return engine

@@ -20,11 +20,12 @@ import uuid
 import zlib
 from datetime import datetime, timezone
 from itertools import chain
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
-from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, ProgrammingError
+from sqlalchemy import delete, func, insert, inspect, select, update
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 
 from curriculum.schema import (
     SCHEMA_VERSION,
@@ -59,6 +60,19 @@ class SchemaVersionError(RuntimeError):
     """The database was written by a newer Palestra than this one."""
 
 
+_URL_HINT = " (a SQLite file is written sqlite:///path/to/file.db)"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _redacted(url: str) -> str:
+    """``url`` for a message when it could not be parsed: whatever sits before an ``@`` is hidden."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if sep and "@" in rest else url
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -75,22 +89,56 @@ def _decompress(blob: bytes | None) -> str:
     return zlib.decompress(blob).decode("utf-8") if blob else ""
 
 
+# Readers of completions and tasks get None for a damaged blob, so one bad row does not stop a
+# replay or a report over thousands of good ones.
+def _text_or_none(blob: bytes | None) -> str | None:
+    try:
+        return _decompress(blob)
+    except (zlib.error, UnicodeDecodeError):
+        return None
+
+
+def _json_or_none(blob: bytes | None) -> dict | None:
+    text = _text_or_none(blob)
+    try:
+        return json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+
+
 class StatsStore:
     """The run database. ``url`` is any SQLAlchemy URL (``sqlite:///path.db`` by default use)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
+        """``create=False`` opens an existing store only: a database without Palestra's tables is
+        refused, and nothing is written to it (the CLI's read-only commands)."""
         self.url = url
-        self.engine = make_engine(url)
+        try:
+            self.engine = make_engine(url, writer=create)
+        except (ArgumentError, ImportError) as exc:  # unparseable URL, unknown backend, missing driver
+            raise StoreUnavailable(f"cannot open the stats store {_redacted(url)}: {_one_line(exc)}"
+                                   f"{_URL_HINT if '://' not in url else ''}") from None
         self.reader = self.engine.execution_options(read_only=True)  # same pool; SQLite reads take no write lock
         # ~15 s of back-off in all: rides out a busy file or a server restart, not an outage
         self.retry_delays_s: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
         self._insert_cache: dict[tuple, str] = {}
-        self._create_schema()
+        if create:
+            self._create_schema()
+        else:
+            self._require_schema()
+
+    def _sqlite_file(self) -> Path | None:
+        database = self.engine.url.database if self.engine.dialect.name == "sqlite" else None
+        return Path(database) if database not in (None, "", ":memory:") else None
 
     @property
     def safe_url(self) -> str:
         """The URL for messages: a server password shows as ***."""
         return self.engine.url.render_as_string(hide_password=True)
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+        reason = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+        return StoreUnavailable(f"cannot open the stats store {self.safe_url}: {_one_line(reason)}")
 
     def _create_schema(self, attempts: int = 4) -> None:
         # Runs of a sweep may open a fresh database at the same moment: one of them loses the race
@@ -98,23 +146,37 @@ class StatsStore:
         for attempt in range(attempts):
             try:
                 Base.metadata.create_all(self.engine)
-                self._check_schema_version()
+                self._check_schema_version(create=True)
                 return
-            except (OperationalError, ProgrammingError, IntegrityError) as exc:
+            except DBAPIError as exc:  # also no server, bad credentials, an unwritable file, not a database
                 if attempt == attempts - 1:
-                    if isinstance(exc, OperationalError):  # no server, bad credentials, unwritable file
-                        raise StoreUnavailable(f"cannot open the stats store {self.safe_url}: "
-                                               f"{' '.join(str(exc.orig or exc).split())[:300]}") from exc
-                    raise
+                    raise self._unavailable(exc) from exc
                 time.sleep(0.1 * (attempt + 1))
 
+    def _require_schema(self) -> None:
+        path = self._sqlite_file()
+        if path is not None and not path.is_file():  # connecting would create it, empty
+            raise StoreUnavailable(f"no database at {path}")
+        try:
+            found = inspect(self.engine).has_table(MetaRow.__tablename__)
+            if found:
+                self._check_schema_version(create=False)
+        except DBAPIError as exc:
+            raise self._unavailable(exc) from exc
+        if not found:
+            raise StoreUnavailable(f"{self.safe_url} holds no Palestra stats store (it has no {MetaRow.__tablename__} "
+                                   "table); it was left as it was")
+
     # -- schema -------------------------------------------------------------------------------
-    def _check_schema_version(self) -> None:
-        with self.engine.begin() as conn:
+    def _check_schema_version(self, create: bool) -> None:
+        with (self.engine.begin() if create else self.reader.connect()) as conn:
             found = conn.execute(select(MetaRow.value).where(MetaRow.key == "schema_version")).scalar()
-            if found is None:
+            if found is None and create:
                 conn.execute(insert(MetaRow).values(key="schema_version", value=str(SCHEMA_VERSION)))
                 return
+        if found is None:
+            raise StoreUnavailable(f"{self.safe_url} holds no Palestra stats store (no schema version); "
+                                   "it was left as it was")
         if int(found) > SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"database {self.safe_url!r} has schema version {found}, newer than this Palestra "
@@ -259,7 +321,7 @@ class StatsStore:
         if ids is not None:
             query = query.where(TaskRow.task_id.in_(list(ids)))
         with self.reader.connect() as conn:
-            return {i: json.loads(_decompress(blob)) for i, blob in conn.execute(query)}
+            return {i: _json_or_none(blob) for i, blob in conn.execute(query)}
 
     def discard_after(self, run_id: str, step: int) -> int:
         """Delete every step after ``step`` (a resume from a checkpoint taken at ``step`` redoes
@@ -296,7 +358,7 @@ class StatsStore:
             query = query.where(ResultRow.step == step)
         with self.reader.connect() as conn:
             rows = conn.execute(query.order_by(ResultRow.step, ResultRow.id)).mappings().all()
-        return [{**r, "completion": _decompress(r["completion"])} for r in rows]
+        return [{**r, "completion": _text_or_none(r["completion"])} for r in rows]
 
     def count_results(self, run_id: str) -> int:
         with self.reader.connect() as conn:

@@ -11,6 +11,7 @@ ask ``raise_if_broken`` after each batch rather than train on nothing.
 from __future__ import annotations
 
 import itertools
+import math
 import multiprocessing as mp
 import os
 import threading
@@ -38,6 +39,8 @@ def verify_guarded(domain: Domain, task: Task, completion: str) -> VerifyResult:
         return VerifyResult.failure(Status.ERROR, f"verifier raised {type(exc).__name__}: {exc}")
     if not isinstance(result, VerifyResult):
         return VerifyResult.failure(Status.ERROR, f"verifier returned {type(result).__name__}, not VerifyResult")
+    if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):  # NaN would poison advantages
+        return VerifyResult.failure(Status.ERROR, f"verifier returned the reward {result.reward!r}, not a finite number")
     return result
 
 

@@ -17,6 +17,8 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Any
 
+from pydantic import ValidationError
+
 from domains.api import Domain, DomainFamily
 
 GROUP = "palestra.domains"
@@ -225,4 +227,9 @@ def load_all(names: list[str], options: dict[str, dict[str, Any]] | None = None)
 
 
 def _one_line(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):  # "key: message", not pydantic's multi-line report
+        errors = exc.errors()
+        key = ".".join(str(part) for part in errors[0]["loc"]) or "options"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return f"{key}: {errors[0]['msg'].removeprefix('Value error, ')}{more}"
     return " ".join(str(exc).split())

@@ -35,6 +35,8 @@ class UnrulyDomain(Domain):
                 time.sleep(0.01)
         if behaviour == "block":
             ctypes.PyDLL(None).sleep(3600)  # stuck in C holding the GIL: no Python code runs, no handler
+        if behaviour == "nan":
+            return VerifyResult(float(argument), True, Status.OK, {})  # nan, inf: a reward no mean survives
         if behaviour == "garbage":
             return {"reward": 1.0}  # type: ignore[return-value]  # not a VerifyResult
         if behaviour == "unsendable":

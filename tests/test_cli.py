@@ -63,7 +63,36 @@ def test_reading_a_missing_or_broken_database_fails_in_one_line_and_creates_noth
     broken.write_text("not a database\n" * 100)
     assert main(["stats", "--db", f"sqlite:///{broken}", "--run", "x"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: (sqlite3.DatabaseError) file is not a database") and err.count("\n") == 1
+    assert err == f"error: cannot open the stats store sqlite:///{broken}: file is not a database\n"
+
+
+def test_reading_another_applications_database_refuses_and_leaves_its_bytes_alone(tmp_path, capsys):
+    import sqlite3
+
+    other = tmp_path / "notes.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('keep me')")
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for path in (other, empty):
+        before = path.read_bytes()
+        assert main(["runs", "--db", f"sqlite:///{path}"]) == 2
+        err = capsys.readouterr().err
+        assert "holds no Palestra stats store" in err and err.count("\n") == 1
+        assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "notes.db"]
+
+
+@pytest.mark.parametrize("url, says", [
+    ("outputs/run/palestra.db", "sqlite:///path/to/file.db"),      # a plain path: the hint
+    ("nosuch://host/db", "Can't load plugin"),                      # an unknown backend
+    ("mysql://user:secret@localhost/db", "mysql://***@localhost/db"),  # no driver; the password hidden
+])
+def test_a_store_url_that_cannot_be_used_is_a_one_line_error(url, says, capsys):
+    assert main(["runs", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot open the stats store") and says in err and err.count("\n") == 1
+    assert "secret" not in err
 
 
 def test_a_database_of_a_newer_schema_is_a_one_line_error(tmp_path, capsys):
@@ -115,6 +144,29 @@ def test_malformed_verify_input_names_the_line(tmp_path, capsys):
     path.write_text('{"task": {}, "completion": "x"}\nnot json\n')
     assert main(["verify", "--domain", "arithmetic", "--input", str(path)]) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line, says", [
+    ({"task": {"prompt": "x"}}, 'a line is a JSON object with "task" and "completion"'),
+    (["not", "an", "object"], 'a line is a JSON object with "task" and "completion"'),
+    ({"task": {"domain": "fractions", "level": 1, "prompt": "1/2+1/2=", "payload": {"answer": "1"}},
+      "completion": "1"}, "the task is of domain 'fractions', not 'arithmetic'"),
+])
+def test_a_verify_line_without_a_completion_or_of_another_domain_is_named(line, says, tmp_path, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    assert main(["verify", "--domain", "arithmetic", "--input", str(path)]) == 2
+    assert capsys.readouterr().err == f"error: {path}:1: not a {{task, completion}} line (ValueError: {says})\n"
+
+
+def test_files_and_counts_that_cannot_work_are_one_line_errors(tmp_path, capsys):
+    assert main(["verify", "--domain", "arithmetic", "--input", str(tmp_path)]) == 2  # a folder
+    assert capsys.readouterr().err.startswith("error: [Errno 21] Is a directory")
+    for argv in (["sample", "--domain", "arithmetic", "--level", "1", "-n", "-3"],
+                 ["verify", "--domain", "arithmetic", "--input", "-", "--workers", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and "must be at least 1" in capsys.readouterr().err
 
 
 def test_verify_with_workers_that_cannot_start_is_a_one_line_error_not_a_page_of_error_verdicts(

@@ -67,8 +67,8 @@ def test_stable_keys_override():
     ("+trainer.lrr=1", "trainer.lrr: Extra inputs are not permitted"),
     ("trainer.aggregation=median", "trainer.aggregation: Input should be 'seq_mean', 'token_mean' or 'constant'"),
     ("policy.floor=-0.5", "policy.floor:"),
-    ("model=hf", "model: Value error, model.name_or_path is required when model.type is hf"),
-    ("difficulty.lower_below=0.8", "difficulty: Value error, lower_below (0.8) must be below raise_above (0.7)"),
+    ("model=hf", "model: model.name_or_path is required when model.type is hf"),
+    ("difficulty.lower_below=0.8", "difficulty: lower_below (0.8) must be below raise_above (0.7)"),
 ])
 def test_bad_values_fail_in_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError) as info:

@@ -105,6 +105,9 @@ def test_unknown_domain_is_an_error_without_a_worker(pool: VerifierPool) -> None
 def test_verify_guarded_in_process() -> None:
     assert verify_guarded(UNRULY, task(), "raise").status == Status.ERROR
     assert verify_guarded(UNRULY, task(), "garbage").status == Status.ERROR
+    for reward in ("nan", "inf"):
+        result = verify_guarded(UNRULY, task(), f"nan:{reward}")
+        assert result.status == Status.ERROR and result.reward == 0.0 and "not a finite number" in result.details["message"]
     assert verify_guarded(UNRULY, task(), "ok").status == Status.OK
 
 

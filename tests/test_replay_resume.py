@@ -45,6 +45,30 @@ def test_replay_finds_no_mismatch_for_deterministic_verifiers(tmp_path, capsys):
     capsys.readouterr()  # drop the training run's console output
     assert cli(["replay", "--db", url, "--run", summary["run_id"], "--step", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["checked"] == 16
+    assert cli(["replay", "--db", url, "--run", summary["run_id"], "--step", "9"]) == 2
+    assert capsys.readouterr().err == f"error: run {summary['run_id']} has no results at step 9 (it has steps 1-2)\n"
+
+
+def test_replay_counts_damaged_rows_and_unknown_domains_and_checks_the_rest(tmp_path, capsys):
+    from sqlalchemy import update
+
+    from curriculum.schema import ResultRow, TaskRow
+
+    summary = run(validate_config(tiny(tmp_path, ["arithmetic", "fractions"], steps=1)))
+    url = f"sqlite:///{tmp_path / 'run' / 'palestra.db'}"
+    with StatsStore(url) as store, store.engine.begin() as conn:
+        rows = store.results(summary["run_id"])
+        ids = [r["id"] for r in rows if r["domain"] == "arithmetic"][:3]
+        damaged_task = next(r["task_id"] for r in rows if r["domain"] == "fractions")
+        conn.execute(update(ResultRow).where(ResultRow.id == ids[0]).values(completion=b"not zlib"))
+        conn.execute(update(ResultRow).where(ResultRow.id.in_(ids[1:])).values(domain="renamed"))
+        conn.execute(update(TaskRow).where(TaskRow.task_id == damaged_task).values(task=b"not zlib either"))
+        with_damaged_task = sum(r["task_id"] == damaged_task for r in rows)
+    capsys.readouterr()
+    assert cli(["replay", "--db", url, "--run", summary["run_id"], "--json"]) == 1  # not everything was checked
+    report = json.loads(capsys.readouterr().out)
+    assert report["unreadable"] == 1 + with_damaged_task and report["unknown_domains"] == {"renamed": 2}
+    assert report["checked"] == 16 - 3 - with_damaged_task and report["mismatches"] == []
 
 
 def test_replay_flags_a_nondeterministic_verifier(tmp_path, capsys):

@@ -1,5 +1,7 @@
 """The simulator: world effects, the learner's advantages and learning, runs through the production
 Scheduler and store, and the Hydra app's config (every scenario and policy composed and validated)."""
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -228,6 +230,23 @@ def test_bad_values_fail_in_one_line():
     # a cluster of one has no members: every effect would have piled onto domain 0
     with pytest.raises(SimConfigError, match=r"^sim\.cluster_size: Input should be greater than or equal to 2"):
         to_config(composed("sim.cluster_size=1", "store.url=sqlite://", "output_dir=x"))
+
+
+def test_write_behind_with_an_in_memory_store_fails_before_the_run():
+    with pytest.raises(SimConfigError, match=r"^config: write_behind needs a file or server database"):
+        to_config(composed("write_behind=true", "store.url=sqlite://", "output_dir=x"))
+
+
+@pytest.mark.parametrize("kind", ["not a database", "missing folder"])
+def test_an_unusable_store_is_a_one_line_error_of_the_app(tmp_path, kind):
+    path = tmp_path / ("notes.db" if kind == "not a database" else "gone/x.db")
+    if kind == "not a database":
+        path.write_text("notes\n")
+    done = subprocess.run([sys.executable, "-m", "curriculum.sim.app", f"store.url=sqlite:///{path}", "sim=small",
+                           "sim.steps=2", f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith(f"error: cannot open the stats store sqlite:///{path}: ")
+    assert done.stderr.count("\n") == 1, done.stderr
 
 
 def test_multirun_derives_a_shared_sweep_id_and_database(tmp_path):

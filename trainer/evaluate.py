@@ -8,6 +8,7 @@ import torch
 
 from domains.api import Domain, Task
 from domains.backend import Pool
+from domains.registry import DomainError
 from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate
 
@@ -16,10 +17,16 @@ Hits = dict[tuple[str, int], list[float]]  # (domain, level) -> each held-out ta
 
 
 def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list[Task]:
+    """Every domain's held-out tasks, level by level; a domain that cannot draw them (a plugin's
+    ``sample`` that raises, a dataset without tasks at a level) is named in a DomainError."""
     tasks: list[Task] = []
     for name in sorted(domains):
         for level in domains[name].levels:
-            tasks.extend(domains[name].heldout(level, per_level, seed))
+            try:
+                tasks.extend(domains[name].heldout(level, per_level, seed))
+            except Exception as exc:  # a plugin's bug, not ours: say whose
+                raise DomainError(f"domain {name!r} could not draw its held-out tasks at level {level}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
     return tasks
 
 

@@ -41,7 +41,7 @@ from trainer.evaluate import Hits, evaluate, format_eval, heldout_tasks, paired_
 from trainer.health import HealthMonitor
 from trainer.losses import grpo_loss, group_advantages
 from trainer.metrics import MetricsLogger
-from trainer.models import check_resumable, load_model, load_tokenizer, model_path, pick_device
+from trainer.models import check_resumable, load_model, load_policy, model_path, pick_device
 from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate, sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss, warm_start
@@ -73,6 +73,8 @@ class GRPORecipe:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         seed_everything(cfg.seed)
+        self.heldout = heldout_tasks(self.domains, cfg.eval.tasks_per_level, cfg.eval.seed)
+        self.tasks = TaskSource(self.domains, {t.id for t in self.heldout}, cfg.seed)
         latest = self.world.broadcast(checkpoint.find(self.output_dir, cfg.resume) if self.world.is_main else None)
         if latest is not None:
             check_resumable(cfg.model, latest)
@@ -80,13 +82,15 @@ class GRPORecipe:
             # model that anchors the KL, the default SQLite store and the metrics are there
             self.output_dir = checkpoint.run_folder(latest) or self.output_dir
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if self.world.is_main:  # rank 0 alone records: one store connection, one run row; opened
+            # before any model is built, so a store that cannot be used fails before that work
+            self.store = StatsStore(cfg.store.url or f"sqlite:///{(self.output_dir / 'palestra.db').resolve()}")
         self.device = self.world.place(pick_device(cfg.model.device))
         if self.device.type == "cpu":
             torch.set_num_threads(self._sampling_threads())
         # rank 0 builds the tiny model's folder; the other ranks then read it
         path = self.world.main_first(lambda: model_path(cfg.model, self.output_dir, cfg.seed))
-        self.tokenizer = load_tokenizer(path, tiny=cfg.model.type == "tiny")
-        self.model = load_model(path, self.device)
+        self.tokenizer, self.model = load_policy(path, cfg.model, self.device)
         anchor = self.output_dir / "sft-model"  # written after SFT; present when resuming
         ref_path = str(anchor) if (anchor / "config.json").exists() else path
         self.ref_model = load_model(ref_path, self.device).eval() if cfg.trainer.beta > 0 else None
@@ -97,10 +101,6 @@ class GRPORecipe:
         self.engine = (VLLMEngine(path, gpu_memory_utilization=cfg.trainer.vllm_gpu_memory_utilization, seed=cfg.seed)
                        if cfg.trainer.rollout_backend == "vllm" else None)
         self._engine_stale = False  # the engine holds the weights it loaded until the policy changes
-        if self.world.is_main:  # rank 0 alone records: one store connection, one run row
-            self.store = StatsStore(cfg.store.url or f"sqlite:///{(self.output_dir / 'palestra.db').resolve()}")
-        self.heldout = heldout_tasks(self.domains, cfg.eval.tasks_per_level, cfg.eval.seed)
-        self.tasks = TaskSource(self.domains, {t.id for t in self.heldout}, cfg.seed)
         self.scheduler_args = dict(
             domain_levels={name: tuple(d.levels) for name, d in self.domains.items()},
             policy=cfg.policy, difficulty=cfg.difficulty, prompts_per_step=cfg.trainer.prompts_per_step,

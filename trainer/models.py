@@ -26,7 +26,28 @@ def model_path(cfg: ModelConfig, output_dir: Path, seed: int) -> str:
         except TinyShapeMismatch as exc:
             raise ConfigError(f"model.tiny: {exc}") from None
     assert cfg.name_or_path is not None
+    folder = Path(cfg.name_or_path).expanduser()
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise ConfigError(f"model.name_or_path: {cfg.name_or_path} has no config.json (not a Hugging Face model folder)")
+    if not folder.is_dir() and (folder.exists() or _names_a_path(cfg.name_or_path)):
+        raise ConfigError(f"model.name_or_path: no model folder at {cfg.name_or_path}")
     return cfg.name_or_path
+
+
+def _names_a_path(name: str) -> bool:
+    """A hub id is ``name`` or ``owner/name``; anything else with a slash is meant as a folder."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1
+
+
+def load_policy(path: str, cfg: ModelConfig, device: torch.device) -> tuple[PreTrainedTokenizerBase, torch.nn.Module]:
+    """The tokenizer and model at ``path``; a user's model that fails to load is a ConfigError."""
+    try:
+        return load_tokenizer(path, tiny=cfg.type == "tiny"), load_model(path, device)
+    except (OSError, ValueError) as exc:
+        if cfg.type == "tiny":
+            raise
+        reason = " ".join(str(exc).split())[:300]
+        raise ConfigError(f"model.name_or_path: cannot load {path}: {reason}") from exc
 
 
 def check_resumable(cfg: ModelConfig, checkpoint: Path) -> None:

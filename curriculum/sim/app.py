@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from curriculum.config import fill_run_defaults
 from curriculum.sim.config import SimAppConfig, SimConfigError, validate_sim_config
+from curriculum.store import SchemaVersionError, StoreUnavailable
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
@@ -53,7 +54,11 @@ def _hydra_main(cfg: DictConfig) -> float:
     except SimConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    summary = run(config)
+    try:
+        summary = run(config)
+    except (StoreUnavailable, SchemaVersionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps(summary))
     return summary["auc"]  # the Optuna sweeper's objective
 

@@ -82,6 +82,13 @@ class SimAppConfig(_Strict):
     difficulty: DifficultyConfig
     store: StoreConfig = StoreConfig()
 
+    @model_validator(mode="after")
+    def _writable_from_a_thread(self) -> "SimAppConfig":
+        if self.write_behind and (self.store.url or "").rstrip("/") in ("sqlite:", "sqlite:///:memory:"):
+            raise ValueError("write_behind needs a file or server database, and store.url is in-memory SQLite "
+                             "(which each thread sees apart)")
+        return self
+
 
 class SimConfigError(ValueError):
     """An invalid sim configuration, described in one line."""

@@ -1,0 +1,67 @@
+"""Set-up failures of a training run: one clear error, raised before any model is built."""
+import textwrap
+
+import pytest
+
+from curriculum.store import StoreUnavailable
+from domains.registry import DomainError
+from trainer.app import run
+from trainer.config import ConfigError, validate_config
+
+BROKEN_PLUGIN = '''
+from domains import Domain, Task, VerifyResult, user_prompt
+
+
+class Exploding(Domain):
+    name = "exploding"
+    levels = (1,)
+
+    def sample(self, level, n, rng):
+        raise RuntimeError("sample exploded")
+
+    def verify(self, task, completion):
+        return VerifyResult.failure("error", "never called")
+
+
+DOMAIN = Exploding()
+'''
+
+
+def config(tmp_path, **extra):
+    raw = {
+        "name": "setup", "seed": 0, "output_dir": str(tmp_path / "run"), "domains": ["arithmetic"],
+        "policy": {"type": "uniform"}, "difficulty": {"type": "fixed"},
+        "model": {"type": "tiny", "tiny": {"hidden_size": 32, "layers": 2, "heads": 2, "kv_heads": 1,
+                                            "intermediate_size": 64}},
+        "trainer": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "verifier": {"workers": 1}, "sft": {"steps": 0}, "eval": {"tasks_per_level": 1}, **extra,
+    }
+    return validate_config(raw)
+
+
+def test_a_file_that_is_not_a_database_fails_before_the_model_is_built(tmp_path):
+    notes = tmp_path / "notes.db"
+    notes.write_text("my notes\n")
+    with pytest.raises(StoreUnavailable, match=r"^cannot open the stats store sqlite:///\S+notes\.db: "
+                                               r"file is not a database$"):
+        run(config(tmp_path, store={"url": f"sqlite:///{notes}"}))
+    assert notes.read_text() == "my notes\n" and not (tmp_path / "run" / "tiny-model").exists()
+
+
+def test_a_plugin_that_cannot_draw_tasks_is_named_before_the_model_is_built(tmp_path, monkeypatch):
+    (tmp_path / "exploding_plugin.py").write_text(textwrap.dedent(BROKEN_PLUGIN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(DomainError, match=r"^domain 'exploding' could not draw its held-out tasks at level 1: "
+                                          r"RuntimeError: sample exploded$"):
+        run(config(tmp_path, domains=["exploding_plugin:DOMAIN"]))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_users_model_folder_that_is_missing_or_empty_is_a_config_error(tmp_path):
+    missing, empty = tmp_path / "no-such-model", tmp_path / "empty-model"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=rf"^model\.name_or_path: no model folder at {missing}$"):
+        run(config(tmp_path, model={"type": "hf", "name_or_path": str(missing)}))
+    with pytest.raises(ConfigError, match=rf"^model\.name_or_path: {empty} has no config\.json "
+                                          r"\(not a Hugging Face model folder\)$"):
+        run(config(tmp_path, model={"type": "hf", "name_or_path": str(empty)}))
