@@ -14,6 +14,7 @@ import itertools
 import math
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 import warnings
@@ -56,6 +57,8 @@ def warm_up(domains: dict[str, Domain]) -> None:
 
 
 def _worker_main(conn: Connection, domains: dict[str, Domain]) -> None:
+    # Ctrl-C reaches the whole process group; the parent decides when workers stop (and says why)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # compiling model-written code emits SyntaxWarnings by the hundred; the verdict says enough
     warnings.simplefilter("ignore", SyntaxWarning)

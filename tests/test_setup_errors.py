@@ -1,9 +1,14 @@
-"""Set-up failures of a training run: one clear error, raised before any model is built."""
+"""Set-up failures and interruptions of a training run: one clear line, the run's state kept."""
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from curriculum.store import StoreUnavailable
+from curriculum.store import StatsStore, StoreUnavailable
 from domains.registry import DomainError
 from trainer.app import run
 from trainer.config import ConfigError, validate_config
@@ -65,3 +70,21 @@ def test_a_users_model_folder_that_is_missing_or_empty_is_a_config_error(tmp_pat
     with pytest.raises(ConfigError, match=rf"^model\.name_or_path: {empty} has no config\.json "
                                           r"\(not a Hugging Face model folder\)$"):
         run(config(tmp_path, model={"type": "hf", "name_or_path": str(empty)}))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_warm_start_ends_the_run_in_one_line_marked_interrupted(tmp_path, sig):
+    args = [sys.executable, "-m", "trainer.app", f"hydra.run.dir={tmp_path}", "domains=[arithmetic]",
+            "sft.steps=100000", "sft.batch_size=4", "verifier.workers=1", "model.tiny.hidden_size=32",
+            "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1", "model.tiny.intermediate_size=64"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).parents[1], env={**os.environ, "TQDM_DISABLE": "1"})
+    for line in proc.stdout:  # signal once the warm start runs
+        if line.startswith("SFT warm start"):
+            break
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("interrupted: ")
+    with StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}", create=False) as store:
+        assert [r["status"] for r in store.runs()] == ["interrupted"]

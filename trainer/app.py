@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,15 @@ def run(config: PalestraConfig | None) -> dict[str, Any]:
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
+    # SIGTERM (a scheduler's preemption) ends the run as Ctrl-C does: marked interrupted in its store
+    # (during GRPO, the recipe instead finishes the step and saves a checkpoint first)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         config = to_config(cfg, HydraConfig.get())
         if _launched_ranks() > 1 and HydraConfig.get().mode == RunMode.MULTIRUN:
@@ -70,6 +78,9 @@ def _hydra_main(cfg: DictConfig) -> None:
             VLLMUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as exc:  # the run is marked interrupted in its store; say how to go on
+        print(f"interrupted: {str(exc) or 'resume=auto goes on from the last checkpoint saved, if any'}", file=sys.stderr)
+        sys.exit(130)
     print(json.dumps(_result_line(summary)))
 
 
