@@ -158,7 +158,8 @@ class StatsStore:
         if path is not None and not path.is_file():  # connecting would create it, empty
             raise StoreUnavailable(f"no database at {path}")
         try:
-            found = inspect(self.engine).has_table(MetaRow.__tablename__)
+            with self.reader.connect() as conn:  # a read: no write lock to wait for
+                found = inspect(conn).has_table(MetaRow.__tablename__)
             if found:
                 self._check_schema_version(create=False)
         except DBAPIError as exc:

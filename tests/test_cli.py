@@ -83,6 +83,21 @@ def test_reading_another_applications_database_refuses_and_leaves_its_bytes_alon
         assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "notes.db"]
 
 
+def test_listing_runs_reads_past_a_writer_that_holds_the_database(store_url, capsys):
+    import sqlite3
+
+    url, run_id = store_url
+    writer = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        writer.execute("BEGIN EXCLUSIVE")  # a training run in the middle of its step's write
+        writer.execute("INSERT INTO meta VALUES ('held', 'by a writer')")
+        assert main(["runs", "--db", url]) == 0  # WAL: a reader that asks for no write lock waits for none
+        assert run_id in capsys.readouterr().out
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
 @pytest.mark.parametrize("url, says", [
     ("outputs/run/palestra.db", "sqlite:///path/to/file.db"),      # a plain path: the hint
     ("nosuch://host/db", "Can't load plugin"),                      # an unknown backend
