@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.handler(args)
+    except BrokenPipeError:  # `palestra runs ... | head`: the reader has all it wanted
+        sys.stdout = None  # type: ignore[assignment]  # no flush of the closed pipe at exit
+        return 0
     except (DomainError, KeyError, OSError, ValueError, SQLAlchemyError, SchemaVersionError, StoreUnavailable,
             VerifierPoolBroken) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
@@ -37,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
@@ -235,8 +241,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             row = json.loads(line)
             if not isinstance(row, dict) or "task" not in row or not {"completion", "reference"} & row.keys():
                 raise ValueError('a line is a JSON object with "task" and "completion"')
-            named = row["task"].get("domain") if isinstance(row["task"], dict) else None
-            if named is not None and named != domain.name:
+            task_json = row["task"] if isinstance(row["task"], dict) else {}
+            named = task_json.get("domain") if {"domain", "prompt", "payload"} <= task_json.keys() else None
+            if named is not None and named != domain.name:  # a Task's JSON, not a raw dataset row
                 raise ValueError(f"the task is of domain {named!r}, not {domain.name!r}")
             task = domain.task_from_json(row["task"])
             # `palestra sample` lines carry a "reference": verifying them as they are checks the references
@@ -254,7 +261,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _renamed(task: Task, name: str) -> Task:
-    """Rows from a raw dataset may not name the domain; route them to the one being checked."""
+    """A raw dataset row becomes a task of the domain that read it, under that domain's configured
+    name; route it to the domain being checked."""
     if task.domain == name:
         return task
     return Task(domain=name, level=task.level, prompt=task.prompt, payload=task.payload, meta=task.meta, id=task.id)

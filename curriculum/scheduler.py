@@ -30,6 +30,7 @@ import numpy as np
 from curriculum.config import DifficultyConfig, PolicyConfig, build_difficulty, build_policy
 from curriculum.difficulty import LevelTable
 from curriculum.signals import Signals, StepCounts
+from curriculum.schema import is_in_memory_sqlite
 from curriculum.store import StatsStore
 from curriculum.types import Outcome, Plan
 
@@ -281,7 +282,7 @@ class _WriteBehind:
     """
 
     def __init__(self, store: StatsStore) -> None:
-        if store.engine.dialect.name == "sqlite" and store.engine.url.database in (None, "", ":memory:"):
+        if is_in_memory_sqlite(store.engine.url):
             raise ValueError("write_behind needs a file or server database (in-memory SQLite is per thread)")
         self.store = store
         self.queue: queue.Queue = queue.Queue(maxsize=4)

@@ -26,7 +26,8 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA_VERSION = 1
@@ -193,6 +194,16 @@ def _sqlite_begin(conn: Any) -> None:
     # Reads (marked ``read_only``) take no lock, so a dashboard never blocks a training run.
     read_only = conn.get_execution_options().get("read_only", False)
     conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def is_in_memory_sqlite(url: str | URL) -> bool:
+    """Whether ``url`` is an in-memory SQLite database, which each connection (and thread) sees
+    apart: a store there cannot be written from a background thread."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return False  # not a URL at all: opening the store says so
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
 
 
 def make_engine(url: str, *, writer: bool = True) -> Engine:

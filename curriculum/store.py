@@ -68,9 +68,13 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _redacted(url: str) -> str:
-    """``url`` for a message when it could not be parsed: whatever sits before an ``@`` is hidden."""
-    scheme, sep, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if sep and "@" in rest else url
+    """``url`` for a message when it could not be parsed: everything before the last ``@`` but a
+    ``scheme://`` is hidden (a mistyped URL may still hold a password)."""
+    if "@" not in url:
+        return url
+    head, _, host = url.rpartition("@")
+    scheme = head.split("://", 1)[0] + "://" if "://" in head else ""
+    return f"{scheme}***@{host}"
 
 
 def _now() -> datetime:
@@ -101,9 +105,10 @@ def _text_or_none(blob: bytes | None) -> str | None:
 def _json_or_none(blob: bytes | None) -> dict | None:
     text = _text_or_none(blob)
     try:
-        return json.loads(text) if text is not None else None
+        data = json.loads(text) if text is not None else None
     except ValueError:
         return None
+    return data if isinstance(data, dict) else None
 
 
 class StatsStore:
@@ -115,9 +120,9 @@ class StatsStore:
         self.url = url
         try:
             self.engine = make_engine(url, writer=create)
-        except (ArgumentError, ImportError) as exc:  # unparseable URL, unknown backend, missing driver
-            raise StoreUnavailable(f"cannot open the stats store {_redacted(url)}: {_one_line(exc)}"
-                                   f"{_URL_HINT if '://' not in url else ''}") from None
+        except (ArgumentError, ImportError, ValueError) as exc:  # unparseable URL or port, unknown backend, no driver
+            hint = _URL_HINT if "://" not in url and "@" not in url else ""
+            raise StoreUnavailable(f"cannot open the stats store {_redacted(url)}: {_one_line(exc)}{hint}") from None
         self.reader = self.engine.execution_options(read_only=True)  # same pool; SQLite reads take no write lock
         # ~15 s of back-off in all: rides out a busy file or a server restart, not an outage
         self.retry_delays_s: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -317,7 +322,8 @@ class StatsStore:
         if rows:
             conn.execute(insert(TaskRow), rows)
 
-    def tasks(self, run_id: str, ids: Iterable[str] | None = None) -> dict[str, dict]:
+    def tasks(self, run_id: str, ids: Iterable[str] | None = None) -> dict[str, dict | None]:
+        """Stored tasks by id, as Task JSON; None for one stored damaged."""
         query = select(TaskRow.task_id, TaskRow.task).where(TaskRow.run_id == run_id)
         if ids is not None:
             query = query.where(TaskRow.task_id.in_(list(ids)))
@@ -354,6 +360,7 @@ class StatsStore:
 
     # -- reads --------------------------------------------------------------------------------
     def results(self, run_id: str, step: int | None = None) -> list[dict]:
+        """Result rows in step order, the completion as text (None where it is stored damaged)."""
         query = select(ResultRow.__table__).where(ResultRow.run_id == run_id)
         if step is not None:
             query = query.where(ResultRow.step == step)

@@ -304,7 +304,9 @@ def typing_preamble(code: str) -> str:
 
     Importing ``typing`` takes about 20 ms in the sandbox's interpreter, as long as the rest of a
     trivial program's start, so programs that never name one of its exports skip it.
-    Departure: a name reached only through ``eval`` or ``globals()`` is not seen.
+    Departures: a name reached only through ``eval``, ``globals()`` or a string annotation resolved
+    at run time (``get_type_hints``) is not seen; the names are this interpreter's ``typing``
+    exports, so a newer sandbox interpreter's additions (``override`` in 3.12) are not either.
     """
     names = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
     return CALL_PREAMBLE if names & TYPING_NAMES else ""
@@ -554,7 +556,7 @@ class CodeDomain(Domain):
     """Base of the code domains: verification through the sandbox, reference from the payload."""
 
     Config = CodeConfig
-    version = "1"
+    version = "2"  # 2: the typing import only for programs that name a typing export
 
     def verify(self, task: Task, completion: str) -> VerifyResult:
         return verify_code(self.config, task.payload, completion)

@@ -10,6 +10,7 @@ ask ``raise_if_broken`` after each batch rather than train on nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import multiprocessing as mp
@@ -40,9 +41,13 @@ def verify_guarded(domain: Domain, task: Task, completion: str) -> VerifyResult:
         return VerifyResult.failure(Status.ERROR, f"verifier raised {type(exc).__name__}: {exc}")
     if not isinstance(result, VerifyResult):
         return VerifyResult.failure(Status.ERROR, f"verifier returned {type(result).__name__}, not VerifyResult")
-    if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):  # NaN would poison advantages
+    try:
+        reward = float(result.reward)  # numpy and torch scalars too
+    except (TypeError, ValueError):
+        reward = math.nan
+    if not math.isfinite(reward):  # a NaN would poison every advantage of its group
         return VerifyResult.failure(Status.ERROR, f"verifier returned the reward {result.reward!r}, not a finite number")
-    return result
+    return dataclasses.replace(result, reward=reward)
 
 
 def warm_up(domains: dict[str, Domain]) -> None:

@@ -12,6 +12,8 @@ import random
 import sys
 import time
 
+import numpy as np
+
 from domains.api import Domain, Status, Task, VerifyResult, user_prompt
 
 
@@ -35,6 +37,8 @@ class UnrulyDomain(Domain):
                 time.sleep(0.01)
         if behaviour == "block":
             ctypes.PyDLL(None).sleep(3600)  # stuck in C holding the GIL: no Python code runs, no handler
+        if behaviour == "numpy":
+            return VerifyResult(np.float32(argument), True, Status.OK, {})  # a real number, not a float
         if behaviour == "nan":
             return VerifyResult(float(argument), True, Status.OK, {})  # nan, inf: a reward no mean survives
         if behaviour == "garbage":

@@ -102,6 +102,8 @@ def test_listing_runs_reads_past_a_writer_that_holds_the_database(store_url, cap
     ("outputs/run/palestra.db", "sqlite:///path/to/file.db"),      # a plain path: the hint
     ("nosuch://host/db", "Can't load plugin"),                      # an unknown backend
     ("mysql://user:secret@localhost/db", "mysql://***@localhost/db"),  # no driver; the password hidden
+    ("postgresql//user:secret@localhost/db", "store ***@localhost/db"),  # a typo'd scheme: still hidden
+    ("postgresql://user:secret@localhost:port/db", "postgresql://***@localhost:port/db"),  # not a port
 ])
 def test_a_store_url_that_cannot_be_used_is_a_one_line_error(url, says, capsys):
     assert main(["runs", "--db", url]) == 2

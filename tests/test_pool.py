@@ -105,6 +105,8 @@ def test_unknown_domain_is_an_error_without_a_worker(pool: VerifierPool) -> None
 def test_verify_guarded_in_process() -> None:
     assert verify_guarded(UNRULY, task(), "raise").status == Status.ERROR
     assert verify_guarded(UNRULY, task(), "garbage").status == Status.ERROR
+    numpy = verify_guarded(UNRULY, task(), "numpy:0.5")
+    assert numpy.status == Status.OK and type(numpy.reward) is float and numpy.reward == 0.5
     for reward in ("nan", "inf"):
         result = verify_guarded(UNRULY, task(), f"nan:{reward}")
         assert result.status == Status.ERROR and result.reward == 0.0 and "not a finite number" in result.details["message"]

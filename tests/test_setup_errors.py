@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,7 @@ def test_a_users_model_folder_that_is_missing_or_empty_is_a_config_error(tmp_pat
     with pytest.raises(ConfigError, match=rf"^model\.name_or_path: {empty} has no config\.json "
                                           r"\(not a Hugging Face model folder\)$"):
         run(config(tmp_path, model={"type": "hf", "name_or_path": str(empty)}))
+    assert not (tmp_path / "run").exists()  # refused before the run folder or its store was written
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -77,14 +79,22 @@ def test_a_signal_during_the_warm_start_ends_the_run_in_one_line_marked_interrup
     args = [sys.executable, "-m", "trainer.app", f"hydra.run.dir={tmp_path}", "domains=[arithmetic]",
             "sft.steps=100000", "sft.batch_size=4", "verifier.workers=1", "model.tiny.hidden_size=32",
             "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1", "model.tiny.intermediate_size=64"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).parents[1], env={**os.environ, "TQDM_DISABLE": "1"})
-    for line in proc.stdout:  # signal once the warm start runs
-        if line.startswith("SFT warm start"):
-            break
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    with open(tmp_path / "stderr.txt", "w") as err_file:
+        # its own process group, signalled whole, as a terminal's Ctrl-C reaches the verifier workers too
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err_file, text=True, start_new_session=True,
+                                cwd=Path(__file__).parents[1], env={**os.environ, "TQDM_DISABLE": "1"})
+        watchdog = threading.Timer(180, proc.kill)  # a hung run fails the test instead of hanging it
+        watchdog.start()
+        try:
+            for line in proc.stdout:  # signal once the warm start runs
+                if line.startswith("SFT warm start"):
+                    break
+            os.killpg(proc.pid, sig)
+            proc.communicate(timeout=60)
+        finally:
+            watchdog.cancel()
+    err = (tmp_path / "stderr.txt").read_text()
+    assert proc.returncode == 128 + sig and "Traceback" not in err, err
     assert err.strip().splitlines()[-1].startswith("interrupted: ")
     with StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}", create=False) as store:
         assert [r["status"] for r in store.runs()] == ["interrupted"]

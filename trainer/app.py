@@ -15,7 +15,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from curriculum.config import fill_run_defaults
-from curriculum.store import StoreUnavailable
+from curriculum.store import SchemaVersionError, StoreUnavailable
 from domains.backend import VerifierBackendUnavailable
 from domains.pool import VerifierPoolBroken
 from trainer.vllm_engine import VLLMUnavailable
@@ -60,27 +60,33 @@ def run(config: PalestraConfig | None) -> dict[str, Any]:
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
+RESUME_HINT = "resume=auto goes on from the last checkpoint saved, if any"
+
+
 def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+    stop = KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}; {RESUME_HINT}")
+    stop.signum = signum  # type: ignore[attr-defined]  # the exit status says which signal
+    raise stop
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     # SIGTERM (a scheduler's preemption) ends the run as Ctrl-C does: marked interrupted in its store
-    # (during GRPO, the recipe instead finishes the step and saves a checkpoint first)
+    # (during GRPO, the recipe instead finishes the step and saves a checkpoint first). Other
+    # torchrun ranks keep the default: they hold no store, and torchrun stops them.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         config = to_config(cfg, HydraConfig.get())
         if _launched_ranks() > 1 and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise ConfigError("a torchrun launch trains one run; start one launch per sweep point instead of -m")
         summary = run(config)
-    except (ConfigError, DomainError, StoreUnavailable, VerifierBackendUnavailable, VerifierPoolBroken,
-            VLLMUnavailable) as exc:
+    except (ConfigError, DomainError, StoreUnavailable, SchemaVersionError, VerifierBackendUnavailable,
+            VerifierPoolBroken, VLLMUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as exc:  # the run is marked interrupted in its store; say how to go on
-        print(f"interrupted: {str(exc) or 'resume=auto goes on from the last checkpoint saved, if any'}", file=sys.stderr)
-        sys.exit(130)
+        print(f"interrupted: {str(exc) or RESUME_HINT}", file=sys.stderr)
+        sys.exit(128 + getattr(exc, "signum", signal.SIGINT))  # 130 for Ctrl-C, 143 for SIGTERM
     print(json.dumps(_result_line(summary)))
 
 

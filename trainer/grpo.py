@@ -41,7 +41,7 @@ from trainer.evaluate import Hits, evaluate, format_eval, heldout_tasks, paired_
 from trainer.health import HealthMonitor
 from trainer.losses import grpo_loss, group_advantages
 from trainer.metrics import MetricsLogger
-from trainer.models import check_resumable, load_model, load_policy, model_path, pick_device
+from trainer.models import check_model_source, check_resumable, load_model, load_policy, model_path, pick_device
 from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate, sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss, warm_start
@@ -72,6 +72,7 @@ class GRPORecipe:
             check_against_domains(cfg.policy, cfg.difficulty, {n: tuple(d.levels) for n, d in self.domains.items()})
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        check_model_source(cfg.model)
         seed_everything(cfg.seed)
         self.heldout = heldout_tasks(self.domains, cfg.eval.tasks_per_level, cfg.eval.seed)
         self.tasks = TaskSource(self.domains, {t.id for t in self.heldout}, cfg.seed)
@@ -184,7 +185,9 @@ class GRPORecipe:
                         self._evaluate(step, f"held-out success at step {step}")
                     if self.world.any(stop.requested):  # SIGTERM/SIGINT: finish the step, save, leave
                         path = self.save_checkpoint(step)
-                        raise KeyboardInterrupt(f"stopped by signal after step {step}; {_resume_hint(path)}")
+                        interrupt = KeyboardInterrupt(f"stopped by signal after step {step}; {_resume_hint(path)}")
+                        interrupt.signum = stop.signum  # type: ignore[attr-defined]  # for the exit status
+                        raise interrupt
                     if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                         self.save_checkpoint(step)
             self._evaluate(cfg.trainer.steps, "held-out success after GRPO", keep="after")
@@ -584,6 +587,7 @@ class _StopOnSignal:
 
     def __enter__(self) -> "_StopOnSignal":
         self.requested = False
+        self.signum = signal.SIGINT
         self._previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -593,7 +597,7 @@ class _StopOnSignal:
     def _request(self, signum, frame) -> None:
         if self.requested:  # a second signal: stop now
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signum = True, signum
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():

@@ -25,13 +25,21 @@ def model_path(cfg: ModelConfig, output_dir: Path, seed: int) -> str:
             return str(build_tiny_model(output_dir / "tiny-model", **cfg.tiny.model_dump(), seed=seed))
         except TinyShapeMismatch as exc:
             raise ConfigError(f"model.tiny: {exc}") from None
+    check_model_source(cfg)
+    folder = Path(cfg.name_or_path).expanduser()
+    return str(folder) if folder.is_dir() else cfg.name_or_path  # transformers does not expand ~
+
+
+def check_model_source(cfg: ModelConfig) -> None:
+    """A user's model folder must exist and hold a Hugging Face model (cheap: run before any work)."""
+    if cfg.type == "tiny":
+        return
     assert cfg.name_or_path is not None
     folder = Path(cfg.name_or_path).expanduser()
     if folder.is_dir() and not (folder / "config.json").is_file():
         raise ConfigError(f"model.name_or_path: {cfg.name_or_path} has no config.json (not a Hugging Face model folder)")
     if not folder.is_dir() and (folder.exists() or _names_a_path(cfg.name_or_path)):
         raise ConfigError(f"model.name_or_path: no model folder at {cfg.name_or_path}")
-    return cfg.name_or_path
 
 
 def _names_a_path(name: str) -> bool:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from curriculum.compare import DEFAULT_MASTERY
 from curriculum.config import DifficultyConfig, PolicyConfig, StoreConfig, describe_error
+from curriculum.schema import is_in_memory_sqlite
 
 
 class _Strict(BaseModel):
@@ -84,7 +85,7 @@ class SimAppConfig(_Strict):
 
     @model_validator(mode="after")
     def _writable_from_a_thread(self) -> "SimAppConfig":
-        if self.write_behind and (self.store.url or "").rstrip("/") in ("sqlite:", "sqlite:///:memory:"):
+        if self.write_behind and self.store.url and is_in_memory_sqlite(self.store.url):
             raise ValueError("write_behind needs a file or server database, and store.url is in-memory SQLite "
                              "(which each thread sees apart)")
         return self
