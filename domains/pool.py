@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -62,8 +63,10 @@ def warm_up(domains: dict[str, Domain]) -> None:
 
 
 def _worker_main(conn: Connection, domains: dict[str, Domain]) -> None:
-    # Ctrl-C reaches the whole process group; the parent decides when workers stop (and says why)
+    # Ctrl-C reaches the whole process group; the parent decides when workers stop (and says why).
+    # The parent started this process with SIGINT blocked; ignored from here, it can be let through.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # compiling model-written code emits SyntaxWarnings by the hundred; the verdict says enough
     warnings.simplefilter("ignore", SyntaxWarning)
@@ -107,7 +110,15 @@ class _Worker:
     def __init__(self, ctx: Any, domains: dict[str, Domain]) -> None:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker_main, args=(child, domains), daemon=True)
-        self.process.start()
+        # Started with Ctrl-C blocked (the mask survives exec), so one that lands while the child is
+        # still importing is held until the child ignores it rather than printing a traceback. The
+        # resource tracker starts first: starting it unblocks SIGINT in this thread.
+        resource_tracker.ensure_running()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()
         self.job: _Job | None = None
         self.ready = False  # a new worker imports its domains first; that time is not a job's

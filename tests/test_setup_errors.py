@@ -81,7 +81,9 @@ def test_a_signal_during_the_warm_start_ends_the_run_in_one_line_marked_interrup
             "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1", "model.tiny.intermediate_size=64"]
     with open(tmp_path / "stderr.txt", "w") as err_file:
         # its own process group, signalled whole, as a terminal's Ctrl-C reaches the verifier workers too
+        # (and with Ctrl-C's default action: a test run started in the background inherits it ignored)
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err_file, text=True, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                                 cwd=Path(__file__).parents[1], env={**os.environ, "TQDM_DISABLE": "1"})
         watchdog = threading.Timer(180, proc.kill)  # a hung run fails the test instead of hanging it
         watchdog.start()
