@@ -232,7 +232,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from domains.pool import VerifierPool
 
     domain = load(args.domain, _options(args.option))
-    lines = (sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")).read().splitlines()
+    try:
+        lines = (sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")).read().splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{args.input}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     items: list[tuple[Task, str]] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

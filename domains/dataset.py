@@ -99,10 +99,13 @@ def _read_parquet(path: Path) -> list[tuple[int, Any]]:
 def read_records(path: Path) -> list[tuple[int, Any]]:
     """(line number, record) pairs from a JSONL or Parquet file, chosen by the file's suffix."""
     if not path.is_file():
-        raise DatasetError(f"dataset file not found: {path}")
+        raise DatasetError(f"dataset file not found: {path}" + (" (a folder)" if path.is_dir() else ""))
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
-        return _read_jsonl(path)
+        try:
+            return _read_jsonl(path)
+        except UnicodeDecodeError as exc:
+            raise DatasetError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if suffix in PARQUET_SUFFIXES:
         return _read_parquet(path)
     raise DatasetError(f"{path}: unknown dataset format {suffix!r} (use one of {JSONL_SUFFIXES + PARQUET_SUFFIXES})")

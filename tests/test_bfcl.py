@@ -193,3 +193,14 @@ def test_cli_verify_takes_raw_rows(tmp_path, capsys):
 
 def test_single_turn():
     assert not getattr(BFCL, "multi_turn", False)
+
+
+def test_a_broken_file_is_named_with_its_line(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    no_answer = {k: v for k, v in SIMPLE.items() if k != "ground_truth"} | {"id": "simple_1"}
+    for lines, says in (([json.dumps(SIMPLE), "{not json"], f"{rows}:2: not valid JSON"),
+                        ([json.dumps(SIMPLE), json.dumps(no_answer)], f"{rows}:2: ValueError: BFCL row lacks")):
+        rows.write_text("\n".join(lines) + "\n")
+        assert main(["sample", "--domain", "bfcl", "--level", "1", "--option", f"path={json.dumps(str(rows))}"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err

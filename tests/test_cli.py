@@ -216,3 +216,17 @@ def test_sample_output_verifies_as_it_is(tmp_path, capsys):
     assert main(["verify", "--domain", "fractions", "--input", str(path), "--workers", "1"]) == 0
     verdicts = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [v["reward"] for v in verdicts] == [1.0, 1.0, 1.0]  # each line's reference, verified
+
+
+@pytest.mark.parametrize("argv", [
+    ["sample", "--domain", "math_dataset", "--level", "1", "--option", "path=FILE"],
+    ["sample", "--domain", "code_dataset", "--level", "1", "--option", "path=FILE"],
+    ["verify", "--domain", "arithmetic", "--input", "FILE"],
+])
+def test_a_file_that_is_not_utf8_is_named(argv, tmp_path, capsys):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'\xff{"prompt": "1+1=", "answer": "2"}\n')
+    argv = [a.replace("FILE", json.dumps(str(path)) if a.startswith("path=") else str(path)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: not UTF-8 text (invalid start byte at byte 0)" in err and err.count("\n") == 1, err

@@ -250,11 +250,21 @@ class BFCLDomain(TaskListDomain):
         self.answers: dict[str, Any] = {}
 
     def _on_configure(self) -> None:
-        self.answers = {r["id"]: r["ground_truth"] for r in _jsonl(self.config.answers_path)}
+        self.answers = {}
+        for where, row in _jsonl(self.config.answers_path):
+            try:
+                self.answers[row["id"]] = row["ground_truth"]
+            except (KeyError, TypeError) as exc:
+                raise ValueError(f"{where}: an answer row needs id and ground_truth ({type(exc).__name__}: {exc})") from None
         self.tasks = []
-        for row in _jsonl(self.config.path):
+        for where, row in _jsonl(self.config.path):
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: a row must be a JSON object")
             if category(str(row.get("id", ""))) in LEVELS:  # other categories are skipped, not errors
-                self.tasks.append(self.task_from_json(row))
+                try:
+                    self.tasks.append(self.task_from_json(row))
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise ValueError(f"{where}: {type(exc).__name__}: {exc}") from None
 
     def task_from_json(self, data: dict[str, Any]) -> Task:
         """A Task's JSON or a raw BFCL row (``palestra verify --domain bfcl`` with no flags)."""
@@ -279,11 +289,22 @@ class BFCLDomain(TaskListDomain):
         return VerifyResult(1.0, True, Status.OK, details)
 
 
-def _jsonl(path: str | None) -> list[dict[str, Any]]:
+def _jsonl(path: str | None) -> list[tuple[str, Any]]:
+    """The rows of a JSON-lines file, each with its ``path:line`` for messages."""
     if not path:
         return []
-    text = Path(path).read_text(encoding="utf-8-sig")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append((f"{path}:{number}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    return rows
 
 
 BFCL = BFCLDomain()
