@@ -20,7 +20,7 @@ from typing import Any, Callable
 from sqlalchemy.exc import SQLAlchemyError
 
 from curriculum.store import SchemaVersionError, StoreUnavailable
-from domains.api import Task
+from domains.api import Task, one_line
 from domains.pool import VerifierPoolBroken
 from domains.registry import DomainError, available, load
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except (DomainError, KeyError, OSError, ValueError, SQLAlchemyError, SchemaVersionError, StoreUnavailable,
             VerifierPoolBroken) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"error: {' '.join(str(message).split())[:300]}", file=sys.stderr)
+        print(f"error: {one_line(message)}", file=sys.stderr)
         return 2
 
 

@@ -48,16 +48,18 @@ class ReplayReport:
 
 def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int = 2) -> ReplayReport:
     run = store.run(run_id)
-    domains = load_all((run["config"] or {}).get("domains", []), (run["config"] or {}).get("domain_options") or {})
+    config = run["config"] or {}
+    domains = load_all(config.get("domains", []), config.get("domain_options") or {})
     rows = store.results(run_id, step=step)
     if step is not None and not rows:
         recorded = f"steps 1-{run['last_step']}" if run["last_step"] >= 1 else "no recorded steps"
         raise ValueError(f"run {run_id} has no results at step {step} (it has {recorded})")
-    tasks = store.tasks(run_id, {r["task_id"] for r in rows})
+    # each task once, however many completions it has; None where it is stored damaged
+    tasks = {i: _readable_task(data) for i, data in store.tasks(run_id, {r["task_id"] for r in rows}).items()}
     report = ReplayReport(run_id)
     checkable = []
     for row in rows:
-        task = _readable_task(tasks.get(row["task_id"], {}))
+        task = tasks.get(row["task_id"])
         if row["domain"] not in domains:
             report.unknown_domains[row["domain"]] = report.unknown_domains.get(row["domain"], 0) + 1
         elif row["task_id"] not in tasks:
@@ -82,8 +84,8 @@ def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int
 
 
 def _readable_task(data: dict | None) -> Task | None:
-    """The stored task, or None when its JSON is damaged (``{}``: not stored at all)."""
-    if not data:
+    """The stored task, or None when its JSON is damaged."""
+    if data is None:
         return None
     try:
         return Task.from_json(data)

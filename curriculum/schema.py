@@ -41,6 +41,11 @@ class Base(DeclarativeBase):
     pass
 
 
+def _run_key() -> Any:
+    """The ``run_id`` column that opens the primary key of every per-run table."""
+    return mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+
+
 class RunRow(Base):
     __tablename__ = "runs"
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -77,7 +82,7 @@ class ResultRow(Base):
 
 class StepStatRow(Base):
     __tablename__ = "step_stats"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = _run_key()
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     domain: Mapped[str] = mapped_column(String(200), primary_key=True)
     level: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -92,7 +97,7 @@ class StepStatRow(Base):
 
 class PlanRow(Base):
     __tablename__ = "plans"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = _run_key()
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     domain: Mapped[str] = mapped_column(String(200), primary_key=True)
     weight: Mapped[float] = mapped_column(Float)
@@ -108,7 +113,7 @@ class PlanVectorRow(Base):
     """
 
     __tablename__ = "plan_vectors"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = _run_key()
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     domains: Mapped[list] = mapped_column(JSON)
     weights: Mapped[list] = mapped_column(JSON)
@@ -117,7 +122,7 @@ class PlanVectorRow(Base):
 
 class MetricRow(Base):
     __tablename__ = "metrics"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = _run_key()
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     values: Mapped[dict] = mapped_column(JSON)
 
@@ -126,7 +131,7 @@ class TaskRow(Base):
     """The tasks a run trained on, by id, so any stored result can be re-verified (replay)."""
 
     __tablename__ = "tasks"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = _run_key()
     task_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     task: Mapped[bytes] = mapped_column(LargeBinary)  # zlib-compressed Task JSON
 
@@ -139,7 +144,7 @@ class PromptStepRow(Base):
     """
 
     __tablename__ = "prompt_steps"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = _run_key()
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     task_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     domain: Mapped[str] = mapped_column(String(200))
@@ -154,7 +159,7 @@ class PromptStatRow(Base):
     """Per prompt totals over a run: what the PromptSelector reads back."""
 
     __tablename__ = "prompt_stats"
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = _run_key()
     domain: Mapped[str] = mapped_column(String(200), primary_key=True)
     task_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     attempts: Mapped[int] = mapped_column(Integer)

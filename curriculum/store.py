@@ -43,6 +43,7 @@ from curriculum.schema import (
     TaskRow,
     make_engine,
 )
+from domains.api import one_line
 
 if TYPE_CHECKING:
     from curriculum.types import Outcome, Plan
@@ -61,10 +62,6 @@ class SchemaVersionError(RuntimeError):
 
 
 _URL_HINT = " (a SQLite file is written sqlite:///path/to/file.db)"
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
 
 
 def _redacted(url: str) -> str:
@@ -122,7 +119,7 @@ class StatsStore:
             self.engine = make_engine(url, writer=create)
         except (ArgumentError, ImportError, ValueError) as exc:  # unparseable URL or port, unknown backend, no driver
             hint = _URL_HINT if "://" not in url and "@" not in url else ""
-            raise StoreUnavailable(f"cannot open the stats store {_redacted(url)}: {_one_line(exc)}{hint}") from None
+            raise StoreUnavailable(f"cannot open the stats store {_redacted(url)}: {one_line(exc)}{hint}") from None
         self.reader = self.engine.execution_options(read_only=True)  # same pool; SQLite reads take no write lock
         # ~15 s of back-off in all: rides out a busy file or a server restart, not an outage
         self.retry_delays_s: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -143,7 +140,10 @@ class StatsStore:
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         reason = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-        return StoreUnavailable(f"cannot open the stats store {self.safe_url}: {_one_line(reason)}")
+        return StoreUnavailable(f"cannot open the stats store {self.safe_url}: {one_line(reason)}")
+
+    def _not_a_store(self, why: str) -> StoreUnavailable:
+        return StoreUnavailable(f"{self.safe_url} holds no Palestra stats store ({why}); it was left as it was")
 
     def _create_schema(self, attempts: int = 4) -> None:
         # Runs of a sweep may open a fresh database at the same moment: one of them loses the race
@@ -170,8 +170,7 @@ class StatsStore:
         except DBAPIError as exc:
             raise self._unavailable(exc) from exc
         if not found:
-            raise StoreUnavailable(f"{self.safe_url} holds no Palestra stats store (it has no {MetaRow.__tablename__} "
-                                   "table); it was left as it was")
+            raise self._not_a_store(f"it has no {MetaRow.__tablename__} table")
 
     # -- schema -------------------------------------------------------------------------------
     def _check_schema_version(self, create: bool) -> None:
@@ -181,8 +180,7 @@ class StatsStore:
                 conn.execute(insert(MetaRow).values(key="schema_version", value=str(SCHEMA_VERSION)))
                 return
         if found is None:
-            raise StoreUnavailable(f"{self.safe_url} holds no Palestra stats store (no schema version); "
-                                   "it was left as it was")
+            raise self._not_a_store("no schema version")
         if int(found) > SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"database {self.safe_url!r} has schema version {found}, newer than this Palestra "
@@ -256,7 +254,7 @@ class StatsStore:
                 if delay is None:
                     raise StoreUnavailable(
                         f"{what} to {self.safe_url} failed "
-                        f"{len(self.retry_delays_s) + 1} times: {' '.join(str(exc.orig or exc).split())[:300]}"
+                        f"{len(self.retry_delays_s) + 1} times: {one_line(exc.orig or exc)}"
                     ) from exc
                 if getattr(exc, "connection_invalidated", False):
                     self.engine.dispose()  # drop the pool's dead connections before trying again

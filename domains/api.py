@@ -20,6 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 Messages = list[dict[str, str]]
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's text on one line, at most ``limit`` characters: for messages and verdicts."""
+    return " ".join(str(exc).split())[:limit]
+
+
 class Status(str, Enum):
     OK = "ok"
     WRONG = "wrong"

@@ -60,7 +60,9 @@ from typing import Any
 
 from pydantic import Field
 
-from domains.api import Domain, DomainConfig, DomainFamily, Status, Task, VerifyResult, stable_hash, user_prompt
+from domains.api import (
+    Domain, DomainConfig, DomainFamily, Status, Task, VerifyResult, one_line, stable_hash, user_prompt,
+)
 from domains.math_answer import answer_region
 
 PREFIX = "rg"  # the entry point's name in pyproject.toml: domains are rg_<dataset>
@@ -304,7 +306,7 @@ class ReasoningGymDomain(Domain):
             except (Exception, _Expired) as exc:
                 self._failed.add(used)
                 log.warning("%s level %d: reasoning-gym failed to generate tasks (%s); using easier levels",
-                            self.name, used, _one_line(exc))
+                            self.name, used, one_line(exc))
                 continue
             return [self._task(used, seed, size, i, entry) for i, entry in entries]
         raise ReasoningGymError(f"domain {self.name!r}: reasoning-gym cannot generate tasks at level {level} "
@@ -326,7 +328,7 @@ class ReasoningGymDomain(Domain):
                 with _quiet(), _deadline(self.config.sample_timeout_s):
                     entries.append((index, dataset[index]))
             except (Exception, _Expired) as exc:
-                failures.append(f"item {index}: {type(exc).__name__}: {_one_line(exc)}")
+                failures.append(f"item {index}: {type(exc).__name__}: {one_line(exc)}")
         if len(entries) < n:
             raise ReasoningGymError(f"{len(failures)} of {len(entries) + len(failures)} items failed "
                                     f"(last: {failures[-1]})")
@@ -367,7 +369,7 @@ class ReasoningGymDomain(Domain):
         try:
             return self._verify(task, completion)
         except Exception as exc:  # a scorer bug is this task's error, never the trainer's
-            return VerifyResult.failure(Status.ERROR, f"{type(exc).__name__}: {_one_line(exc)}")
+            return VerifyResult.failure(Status.ERROR, f"{type(exc).__name__}: {one_line(exc)}")
 
     def _verify(self, task: Task, completion: str) -> VerifyResult:
         answer, problem = extract(completion, self.config.require_answer_tag)
@@ -406,10 +408,6 @@ class ReasoningGymDomain(Domain):
         dataset = self._build(config, int(payload["seed"]), int(payload["size"]))
         with _quiet():
             return dataset[int(payload["index"])]
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
 
 
 class ReasoningGymFamily(DomainFamily):

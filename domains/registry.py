@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from domains.api import Domain, DomainFamily
+from domains.api import Domain, DomainFamily, one_line
 
 GROUP = "palestra.domains"
 FAMILY_GROUP = "palestra.domain_families"
@@ -192,7 +192,7 @@ def configure(domain: Domain, options: dict[str, Any] | None) -> Domain:
     try:
         return domain.configure(options)
     except Exception as exc:
-        raise DomainError(f"domain {domain.name!r}: invalid options: {_one_line(exc)}") from exc
+        raise DomainError(f"domain {domain.name!r}: invalid options: {_option_error(exc)}") from exc
 
 
 def _options_for(name: str, options: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
@@ -226,10 +226,10 @@ def load_all(names: list[str], options: dict[str, dict[str, Any]] | None = None)
     return loaded
 
 
-def _one_line(exc: Exception) -> str:
+def _option_error(exc: Exception) -> str:
     if isinstance(exc, ValidationError):  # "key: message", not pydantic's multi-line report
         errors = exc.errors()
         key = ".".join(str(part) for part in errors[0]["loc"]) or "options"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         return f"{key}: {errors[0]['msg'].removeprefix('Value error, ')}{more}"
-    return " ".join(str(exc).split())
+    return one_line(exc)

@@ -29,7 +29,7 @@ from curriculum.prompts import PromptSelector
 from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.store import StatsStore, StoreUnavailable
 from curriculum.types import Plan
-from domains.api import Task
+from domains.api import Task, one_line
 from domains.backend import make_pool
 from domains.pool import VerifierPool, VerifierPoolBroken
 from domains.registry import load_all
@@ -274,7 +274,7 @@ class GRPORecipe:
         try:
             self.store.merge_metrics(self.run_id, step, values)
         except StoreUnavailable as exc:  # metrics.jsonl has them; training goes on
-            self.logger.write(f"warning: held-out metrics of step {step} not stored: {' '.join(str(exc).split())[:200]}")
+            self.logger.write(f"warning: held-out metrics of step {step} not stored: {one_line(exc, 200)}")
 
     def _alarm(self, step: int, alarms: list[str]) -> None:
         assert self.logger is not None
@@ -515,7 +515,7 @@ class GRPORecipe:
         path = self.save_checkpoint(step, unwritten=unwritten)
         saved = (f"saved checkpoint {path} with {len(unwritten)} unwritten step(s)" if path is not None
                  else f"saved no checkpoint (non-finite weights): {len(unwritten)} unwritten step(s) are lost")
-        raise StoreUnavailable(f"the stats store is unreachable ({' '.join(str(exc).split())[:300]}); {saved}; "
+        raise StoreUnavailable(f"the stats store is unreachable ({one_line(exc)}); {saved}; "
                                f"fix the store, then {_resume_hint(path)}") from exc
 
     def save_checkpoint(self, step: int, unwritten: list[tuple] | None = None) -> Path | None:
@@ -548,7 +548,7 @@ class GRPORecipe:
             try:
                 self.store.finish_run(self.run_id, status)
             except Exception as exc:  # an unreachable store was already reported; never mask that
-                print(f"warning: could not mark run {self.run_id} {status}: {' '.join(str(exc).split())[:200]}")
+                print(f"warning: could not mark run {self.run_id} {status}: {one_line(exc, 200)}")
         if self.logger is not None:
             self.logger.close()
         distributed.shutdown()

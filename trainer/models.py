@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from domains.api import Messages
+from domains.api import Messages, one_line
 from trainer.config import ConfigError, ModelConfig
 from trainer.tiny_model import TinyShapeMismatch, build_tiny_model, shape_differences, tiny_shape
 
@@ -25,7 +25,7 @@ def model_path(cfg: ModelConfig, output_dir: Path, seed: int) -> str:
             return str(build_tiny_model(output_dir / "tiny-model", **cfg.tiny.model_dump(), seed=seed))
         except TinyShapeMismatch as exc:
             raise ConfigError(f"model.tiny: {exc}") from None
-    check_model_source(cfg)
+    assert cfg.name_or_path is not None  # checked by check_model_source before the run's work
     folder = Path(cfg.name_or_path).expanduser()
     return str(folder) if folder.is_dir() else cfg.name_or_path  # transformers does not expand ~
 
@@ -54,8 +54,7 @@ def load_policy(path: str, cfg: ModelConfig, device: torch.device) -> tuple[PreT
     except (OSError, ValueError) as exc:
         if cfg.type == "tiny":
             raise
-        reason = " ".join(str(exc).split())[:300]
-        raise ConfigError(f"model.name_or_path: cannot load {path}: {reason}") from exc
+        raise ConfigError(f"model.name_or_path: cannot load {path}: {one_line(exc)}") from exc
 
 
 def check_resumable(cfg: ModelConfig, checkpoint: Path) -> None:
