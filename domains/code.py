@@ -508,6 +508,9 @@ def run_stdio_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _
 RUNNERS = {"call": run_call_tests, "humaneval": run_humaneval, "stdio": run_stdio_tests}
 
 
+_REFUSALS_LOGGED: set[str] = set()
+
+
 def verify_code(config: CodeConfig, payload: dict[str, Any], completion: str) -> VerifyResult:
     """Score one completion against the hidden tests in ``payload``; never raises for bad code."""
     if config.unsafe_no_sandbox:
@@ -516,7 +519,9 @@ def verify_code(config: CodeConfig, payload: dict[str, Any], completion: str) ->
         try:
             self_test(config.sandbox)
         except SandboxUnavailable as exc:
-            log.error("code sandbox unavailable, refusing to score: %s", exc)
+            if str(exc) not in _REFUSALS_LOGGED:  # every verdict says why; the log says it once per process
+                _REFUSALS_LOGGED.add(str(exc))
+                log.error("code sandbox unavailable, refusing to score code: %s", exc)
             return VerifyResult.failure(
                 Status.ERROR, f"refusing to score code: {exc} (set unsafe_no_sandbox: true to run it unisolated)"
             )

@@ -57,6 +57,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from domains.api import one_line
 from domains.sandbox_harness import BOOTSTRAP, compiled_harness, frame
 
 log = logging.getLogger("palestra.sandbox")
@@ -138,8 +139,10 @@ def rlimits(config: SandboxConfig, nproc_base: int = 0) -> list[int]:
 
 
 def bwrap_argv(config: SandboxConfig, info_fd: int) -> list[str]:
+    # bwrap by its full path: it starts with an empty environment, so no PATH would find a bwrap
+    # that lives outside /bin and /usr/bin (a conda or Nix install, say)
     return [
-        config.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
+        _which(config.bwrap) or config.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
         "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LC_ALL", "C.UTF-8",
         *_system_binds(), *_python_binds(config.python),
         "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
@@ -542,14 +545,17 @@ def _probe(config: SandboxConfig) -> str | None:
     hidden = [str(Path(host_dir, "marker")), *_project_paths()]
     try:
         result = run_script(probe_config, _PROBE % (hidden,))
-        checks = json.loads(result.stdout)
-    except Exception as exc:  # any failure to start or parse means: not isolated
-        return f"sandbox self-test could not run: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # any failure to start means: not isolated
+        return f"sandbox self-test could not run: {type(exc).__name__}: {one_line(exc)}"
     finally:
         shutil.rmtree(host_dir, ignore_errors=True)
+    err = " ".join(result.stderr.decode(errors="replace").split())[-300:]  # bwrap says why it could not start
+    try:
+        checks = json.loads(result.stdout)
+    except ValueError:
+        return f"sandbox self-test failed: exit {result.returncode}, no report from inside: {err or 'no error output'}"
     failed = [name for name, ok in checks.items() if not ok]
     if result.returncode != 0 or failed:
-        err = result.stderr.decode(errors="replace")[-300:]
         return f"sandbox self-test failed: {failed or 'exit ' + str(result.returncode)} {err}".strip()
     return None
 
