@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from curriculum.store import StatsStore
 from trainer.app import CONF_DIR, run, to_config
-from trainer.config import validate_config
+from trainer.config import ConfigError, validate_config
 from trainer.distributed import World
 from trainer.batch import generation_chunks
 from trainer.episodes import by_rollout
@@ -33,7 +33,9 @@ from trainer.losses import group_advantages
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # spawned verifier workers import distributed_helpers from here
 
-TINY = {"type": "tiny", "tiny": {"hidden_size": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate_size": 64}}
+# on the CPU also where a GPU is visible: the gradient sums are compared at fp32 tolerances
+TINY = {"type": "tiny", "device": "cpu",
+        "tiny": {"hidden_size": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate_size": 64}}
 
 
 # -- shares -----------------------------------------------------------------------------------------
@@ -43,6 +45,13 @@ def test_shares_are_contiguous_balanced_and_cover_everything(n, size):
     assert shares[0][0] == 0 and shares[-1][1] == n
     assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))  # contiguous, in rank order
     assert max(hi - lo for lo, hi in shares) - min(hi - lo for lo, hi in shares) <= 1
+
+
+def test_a_rank_without_a_gpu_of_its_own_says_so_in_one_line():
+    world = World(rank=3, size=4, local_rank=torch.cuda.device_count())  # one rank more than there are GPUs
+    with pytest.raises(ConfigError, match=r"rank 3 needs GPU \d+ but \d+ GPU\(s\) are visible.*model.device=cpu"):
+        world.place(torch.device("cuda"))
+    assert world.place(torch.device("cpu")) == torch.device("cpu")
 
 
 def test_generation_chunks_know_where_they_sit_in_the_step():
@@ -179,7 +188,7 @@ OVERRIDES = [
     "trainer.update_cpu_threads=1", "sft.cpu_threads=1", "verifier.workers=1", "sft.steps=2",
     "sft.batch_size=8", "eval.tasks_per_level=1", "checkpoint.every=1", "domains=[distributed_helpers:DIGITS,arithmetic]",
     "model.tiny.hidden_size=32", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
-    "model.tiny.intermediate_size=64",
+    "model.tiny.intermediate_size=64", "model.device=cpu",  # gloo on the CPU, also where a GPU is visible
 ]
 
 

@@ -49,6 +49,9 @@ def plugin_package(tmp_path_factory):
     sys.path.remove(str(root))
 
 
+ON_CPU = {"device": "cpu"}  # the thread-count tests are about the CPU, also where a GPU is visible
+
+
 def tiny_config(tmp_path, **overrides):
     raw = {
         "name": "e2e", "seed": 3, "output_dir": str(tmp_path / "run"),
@@ -220,7 +223,7 @@ def test_the_warm_start_and_the_update_run_on_their_own_thread_count_and_samplin
     monkeypatch.setattr(trainer.grpo, "warm_start", recording_warm_start)
     monkeypatch.setattr(GRPORecipe, "_update", recording_update)
     monkeypatch.setattr(GRPORecipe, "_collect", recording_collect)
-    config = tiny_config(tmp_path, domains=["arithmetic"],
+    config = tiny_config(tmp_path, domains=["arithmetic"], model=ON_CPU,
                          trainer={"steps": 2, "cpu_threads": 1, "update_cpu_threads": phase_threads},
                          sft={"steps": 1, "cpu_threads": phase_threads})
     recipe = GRPORecipe(config)
@@ -240,8 +243,8 @@ def test_the_sampling_threads_come_back_when_an_update_fails(tmp_path, monkeypat
         raise RuntimeError("update failed")
 
     monkeypatch.setattr(GRPORecipe, "_update", failing_update)
-    recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], trainer={"steps": 1, "cpu_threads": 1},
-                                    sft={"steps": 0}))
+    recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], model=ON_CPU,
+                                    trainer={"steps": 1, "cpu_threads": 1}, sft={"steps": 0}))
     try:
         recipe.setup()
         with pytest.raises(RuntimeError, match="update failed"):
@@ -256,7 +259,7 @@ def test_sampling_threads_never_exceed_this_ranks_share_of_the_cores(tmp_path, m
 
     # as torchrun would say it: one rank per core on this machine, so each rank's share is one core
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(os.sched_getaffinity(0))))
-    recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], trainer={"steps": 1, "cpu_threads": 4}))
+    recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], model=ON_CPU, trainer={"steps": 1, "cpu_threads": 4}))
     try:
         recipe.setup()
         assert torch.get_num_threads() == 1

@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from trainer.config import ConfigError
+
 T = TypeVar("T")
 TIMEOUT_ENV = "PALESTRA_DIST_TIMEOUT_S"
 # Gradients are reduced in flat buckets of this many elements: few collectives, bounded extra memory.
@@ -55,7 +57,13 @@ class World:
 
     def place(self, device: torch.device) -> torch.device:
         """One GPU per rank: the local rank's; a CPU stays the CPU."""
-        return torch.device("cuda", self.local_rank) if device.type == "cuda" and self.size > 1 else device
+        if device.type != "cuda" or self.size == 1:
+            return device
+        visible = torch.cuda.device_count()
+        if self.local_rank >= visible:
+            raise ConfigError(f"rank {self.rank} needs GPU {self.local_rank} but {visible} GPU(s) are visible: "
+                               f"start at most {visible} rank(s) per machine, or set model.device=cpu")
+        return torch.device("cuda", self.local_rank)
 
     # -- Python objects (pickled, sent over the CPU backend) ------------------------------------
     def broadcast(self, obj: T | None) -> T:
@@ -170,7 +178,7 @@ def init() -> World:
         return _current
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     backend = "gloo"
-    if torch.cuda.is_available():
+    if local_rank < torch.cuda.device_count():  # a rank without a GPU of its own trains on the CPU (or says why not)
         torch.cuda.set_device(local_rank)
         backend = "cpu:gloo,cuda:nccl"
     timeout = timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "1800")))
