@@ -21,6 +21,16 @@ def _prompts(tokenizer):
     return [encode_prompt(tokenizer, [{"role": "user", "content": text}]) for text in ("1+1=", "12*34=", "x")]
 
 
+def test_models_for_cuda_leave_cudnn_attention_out():
+    # cuDNN's attention plans every new shape, and sampling makes one per token (trainer/models.py)
+    from trainer.models import avoid_per_shape_attention_plans
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    avoid_per_shape_attention_plans()
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.mem_efficient_sdp_enabled()  # the kernel used instead
+
+
 def test_left_pad_and_positions():
     ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
