@@ -1,4 +1,6 @@
 """Every option of every config group composes and validates; bad values fail in one line."""
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -6,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from trainer.app import CONF_DIR, to_config
-from trainer.config import ConfigError, validate_config
+from trainer.config import ConfigError, check_override_keys, validate_config
 
 # The training app's groups: those its defaults list names (conf/sim belongs to palestra-sim, and
 # conf/experiment holds one preset for each app; both are composed by their own tests).
@@ -108,3 +110,34 @@ def test_each_apps_help_names_the_shared_groups_that_are_the_other_apps():
         named = header.split("the groups ")[1].split(" are ")[0].replace(" and ", ", ").split(", ")
         foreign = groups - set(config.model_fields)
         assert foreign == {name.split("=")[0] for name in named} - {"experiment"}, yaml_name
+
+
+GROUPS = {p.name for p in Path(CONF_DIR).iterdir() if p.is_dir()}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.stepz=5", "trainer.stepz: no such setting (did you mean trainer.steps?)"),
+    ("polciy=uniform", "polciy: no such setting (did you mean policy?)"),
+    ("policy.alfa=1", "policy.alfa: no such setting (did you mean policy.alpha?)"),  # in no policy's options
+    ("model.tiny.hiden_size=3", "model.tiny.hiden_size: no such setting (did you mean model.tiny.hidden_size?)"),
+    ("qqq=1", "qqq: no such setting"),
+])
+def test_a_mistyped_key_fails_in_one_line_with_the_nearest_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        check_override_keys(["seed=1", override], GROUPS)
+    assert str(info.value) == message
+
+
+def test_keys_hydra_and_the_config_know_pass_the_key_check():
+    check_override_keys([
+        "trainer.steps=2,3", "model=hf", "policy=tscl", "policy.unseen_success=0.3",  # a key of another policy
+        "+experiment=reasoning_gym", "++trainer.lr=1", "~sft", "hydra.run.dir=/tmp/x", "-m", "--cfg", "job",
+        "domain_options.arithmetic.anything=1", "domains=[arithmetic]", "sim=default",
+    ], GROUPS)
+
+
+def test_the_train_command_says_a_mistyped_key_in_one_line():
+    done = subprocess.run([sys.executable, "-m", "trainer.app", "trainer.stepz=5"], capture_output=True, text=True,
+                          cwd=Path(CONF_DIR).parent)
+    assert done.returncode == 2
+    assert done.stderr == "error: trainer.stepz: no such setting (did you mean trainer.steps?)\n"

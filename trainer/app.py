@@ -20,7 +20,7 @@ from domains.backend import VerifierBackendUnavailable
 from domains.pool import VerifierPoolBroken
 from trainer.vllm_engine import VLLMUnavailable
 from domains.registry import DomainError
-from trainer.config import ConfigError, PalestraConfig, validate_config
+from trainer.config import ConfigError, PalestraConfig, check_override_keys, validate_config
 
 log = logging.getLogger("palestra")
 
@@ -113,6 +113,11 @@ def main() -> None:
         # Hydra's output folder); they receive it and train alongside, silently
         run(None)
         return
+    try:
+        check_override_keys(sys.argv[1:], {d.name for d in Path(CONF_DIR).iterdir() if d.is_dir()})
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     _hydra_main()
 
 

@@ -6,7 +6,8 @@ objects travel past the entry point.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+import difflib
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -172,3 +173,41 @@ def validate_config(raw: dict[str, Any]) -> PalestraConfig:
         return PalestraConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(describe_error(exc)) from None
+
+
+# -- command-line keys ------------------------------------------------------------------------------
+def check_override_keys(args: list[str], groups: set[str]) -> None:
+    """Fail in one line on a ``key=value`` override whose key no config has (a typo), before Hydra
+    would: Hydra's message spans five lines and suggests ``+key=value``, which validation then
+    rejects. Prefixed overrides (``+``, ``++``, ``~``), flags and ``hydra.*`` are left to Hydra, and
+    so is a key that some variant of a group has (``policy.alpha`` with another policy chosen)."""
+    for arg in args:
+        key = arg.split("=", 1)[0]
+        if "=" not in arg or key[:1] in "+~-" or key.split(".")[0] == "hydra":
+            continue
+        unknown = _unknown_part(key.split("."), groups)
+        if unknown is not None:
+            known, options = unknown
+            near = difflib.get_close_matches(key.split(".")[len(known)], options, n=1)
+            hint = f" (did you mean {'.'.join([*known, near[0]])}?)" if near else ""
+            raise ConfigError(f"{key}: no such setting{hint}")
+
+
+def _unknown_part(parts: list[str], groups: set[str]) -> tuple[list[str], list[str]] | None:
+    """(the known prefix, the names allowed after it) where ``parts`` leaves the schema; else None."""
+    models: list[type[BaseModel]] = [PalestraConfig]
+    for depth, part in enumerate(parts):
+        names = sorted({name for m in models for name in m.model_fields} | (groups if depth == 0 else set()))
+        if part not in names:
+            return parts[:depth], names
+        models = [sub for m in models if part in m.model_fields for sub in _models_in(m.model_fields[part].annotation)]
+        if not models:  # a value, a dict or a config group's choice: anything below is the value's
+            return None
+    return None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field may hold (one, or each variant of a union)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
