@@ -28,7 +28,7 @@ def test_models_for_cuda_leave_cudnn_attention_out():
     torch.backends.cuda.enable_cudnn_sdp(True)
     avoid_per_shape_attention_plans()
     assert not torch.backends.cuda.cudnn_sdp_enabled()
-    assert torch.backends.cuda.mem_efficient_sdp_enabled()  # the kernel used instead
+    assert torch.backends.cuda.mem_efficient_sdp_enabled()  # a fallback stays
 
 
 def test_left_pad_and_positions():

@@ -97,8 +97,8 @@ def avoid_per_shape_attention_plans() -> None:
     With a padding mask, PyTorch picks cuDNN's attention on Hopper GPUs, and cuDNN builds an
     execution plan for every new shape. Sampling makes a new shape at every token (the keys grow
     by one) and every step brings new batch and prompt widths, so most calls paid for a plan: on an
-    H200 the main job's first GRPO steps spent 8 s each sampling. The memory-efficient kernel that
-    is used instead needs no plan."""
+    H200 the main job's first GRPO steps spent 8 s each sampling. The kernels PyTorch falls back
+    to (memory-efficient attention, or plain math) need no plan."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
