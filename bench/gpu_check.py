@@ -19,6 +19,7 @@ names a local folder.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import tempfile
 import time
@@ -170,14 +171,6 @@ def check_vllm(path: str, tokenizer, prompts, max_new_tokens: int, tolerance: fl
     return ok
 
 
-def vllm_importable() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="local model folder (default: build the tiny model)")
@@ -193,7 +186,7 @@ def main() -> int:
 
     ok = check_trainer(path, tokenizer, prompts, args.max_new_tokens)
     trainer_speed(128, args.speed_batch)
-    if vllm_importable():
+    if importlib.util.find_spec("vllm") is not None:
         ok &= check_vllm(path, tokenizer, prompts, args.max_new_tokens, args.tolerance)
     else:
         print("vLLM: not installed here, its checks were skipped (pip install vllm)")

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from trainer.app import CONF_DIR, to_config
+from trainer.app import CONF_DIR, config_groups, to_config
 from trainer.config import ConfigError, check_override_keys, validate_config
 
 # The training app's groups: those its defaults list names (conf/sim belongs to palestra-sim, and
@@ -104,7 +104,7 @@ def test_each_apps_help_names_the_shared_groups_that_are_the_other_apps():
     from curriculum.sim.config import SimAppConfig
     from trainer.config import PalestraConfig
 
-    groups = {p.name for p in Path(CONF_DIR).iterdir() if p.is_dir()} - {"experiment"}
+    groups = config_groups() - {"experiment"}
     for yaml_name, config in [("config.yaml", PalestraConfig), ("sim_config.yaml", SimAppConfig)]:
         header = OmegaConf.load(Path(CONF_DIR) / yaml_name).hydra.help.header
         named = header.split("the groups ")[1].split(" are ")[0].replace(" and ", ", ").split(", ")
@@ -112,7 +112,7 @@ def test_each_apps_help_names_the_shared_groups_that_are_the_other_apps():
         assert foreign == {name.split("=")[0] for name in named} - {"experiment"}, yaml_name
 
 
-GROUPS = {p.name for p in Path(CONF_DIR).iterdir() if p.is_dir()}
+GROUPS = config_groups()
 
 
 @pytest.mark.parametrize("override, message", [

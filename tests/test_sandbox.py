@@ -187,12 +187,18 @@ def test_refuses_to_score_when_the_sandbox_cannot_work():
     assert "refusing to score" in result.details["message"] and "unsafe_no_sandbox" in result.details["message"]
 
 
-def test_a_sandbox_that_cannot_start_says_why_and_the_log_says_it_once(caplog):
-    # a bwrap that fails the way it does where user namespaces are not allowed; as root, bwrap runs
-    # under an unprivileged uid, so the stand-in must be readable by anyone
+@pytest.fixture
+def readable_dir():
+    """A folder anyone may read: run as root, bwrap starts under an unprivileged uid."""
     folder = Path(tempfile.mkdtemp())
     folder.chmod(0o755)
-    fake = folder / "bwrap"
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_a_sandbox_that_cannot_start_says_why_and_the_log_says_it_once(readable_dir, caplog):
+    # a bwrap that fails the way it does where user namespaces are not allowed
+    fake = readable_dir / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
     fake.chmod(0o755)
     config = CodeConfig(sandbox=SandboxConfig(bwrap=str(fake)))
@@ -202,21 +208,15 @@ def test_a_sandbox_that_cannot_start_says_why_and_the_log_says_it_once(caplog):
         results = [verify_code(config, _task().payload, "def f(x):\n return x+1") for _ in range(3)]
     assert all(r.status is Status.ERROR and "No permissions" in r.details["message"] for r in results)
     assert sum("refusing to score" in r.message for r in caplog.records) == 1
-    shutil.rmtree(folder)
 
 
-def test_a_bwrap_found_on_path_outside_usr_bin_is_started_by_its_full_path(monkeypatch):
+def test_a_bwrap_found_on_path_outside_usr_bin_is_started_by_its_full_path(readable_dir, monkeypatch):
     # the sandbox starts with an empty environment, so a bare name would be looked up in /bin and
     # /usr/bin only (seen on a GPU machine whose bwrap came from an unpacked package)
-    folder = Path(tempfile.mkdtemp())
-    folder.chmod(0o755)
-    shutil.copy(shutil.which("bwrap"), folder / "bwrap-elsewhere")
-    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
-    try:
-        result = run_script(SandboxConfig(bwrap="bwrap-elsewhere"), "print(6 * 7)")
-        assert result.returncode == 0 and result.stdout == b"42\n"
-    finally:
-        shutil.rmtree(folder)
+    shutil.copy(shutil.which("bwrap"), readable_dir / "bwrap-elsewhere")
+    monkeypatch.setenv("PATH", f"{readable_dir}{os.pathsep}{os.environ['PATH']}")
+    result = run_script(SandboxConfig(bwrap="bwrap-elsewhere"), "print(6 * 7)")
+    assert result.returncode == 0 and result.stdout == b"42\n"
 
 
 def test_unsafe_mode_scores_without_bwrap_and_warns_every_call(caplog):

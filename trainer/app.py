@@ -60,6 +60,11 @@ def run(config: PalestraConfig | None) -> dict[str, Any]:
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
+def config_groups() -> set[str]:
+    """The config groups in conf/ (of both apps: palestra-train and palestra-sim share the folder)."""
+    return {d.name for d in Path(CONF_DIR).iterdir() if d.is_dir()}
+
+
 RESUME_HINT = "resume=auto goes on from the last checkpoint saved, if any"
 
 
@@ -114,7 +119,7 @@ def main() -> None:
         run(None)
         return
     try:
-        check_override_keys(sys.argv[1:], {d.name for d in Path(CONF_DIR).iterdir() if d.is_dir()})
+        check_override_keys(sys.argv[1:], config_groups())
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
