@@ -141,3 +141,18 @@ def test_the_train_command_says_a_mistyped_key_in_one_line():
                           cwd=Path(CONF_DIR).parent)
     assert done.returncode == 2
     assert done.stderr == "error: trainer.stepz: no such setting (did you mean trainer.steps?)\n"
+
+
+def test_a_refused_config_leaves_no_run_folder_but_keeps_one_in_use(tmp_path):
+    def train(folder: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "trainer.app", f"hydra.run.dir={folder}", "trainer.lr=-1"],
+                              capture_output=True, text=True, cwd=Path(CONF_DIR).parent)
+
+    done = train(tmp_path / "fresh")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "error: trainer.lr: Input should be greater than 0"]
+    assert not (tmp_path / "fresh").exists()  # Hydra made it, with its config and log; nothing else was written
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "palestra.db").write_bytes(b"an earlier run's store")
+    assert train(tmp_path / "used").returncode == 2
+    assert (tmp_path / "used" / "palestra.db").read_bytes() == b"an earlier run's store"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -87,12 +88,24 @@ def _hydra_main(cfg: DictConfig) -> None:
         summary = run(config)
     except (ConfigError, DomainError, StoreUnavailable, SchemaVersionError, VerifierBackendUnavailable,
             VerifierPoolBroken, VLLMUnavailable) as exc:
+        _discard_unused_run_folder()
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as exc:  # the run is marked interrupted in its store; say how to go on
         print(f"interrupted: {str(exc) or RESUME_HINT}", file=sys.stderr)
         sys.exit(128 + getattr(exc, "signum", signal.SIGINT))  # 130 for Ctrl-C, 143 for SIGTERM
     print(json.dumps(_result_line(summary)))
+
+
+def _discard_unused_run_folder() -> None:
+    """A run refused before it wrote anything leaves no folder behind: Hydra creates the run folder,
+    with its saved config and log, before the config is validated. A folder holding anything else
+    (a store, checkpoints: an earlier run's, or this one's) stays as it is."""
+    hydra_cfg = HydraConfig.get()
+    folder = Path(hydra_cfg.runtime.output_dir)
+    hydra_own = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log"}
+    if folder.is_dir() and {entry.name for entry in folder.iterdir()} <= hydra_own:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _result_line(summary: dict) -> dict:
