@@ -116,6 +116,11 @@ def test_main_entry_runs_and_reports_heldout(tmp_path, plugin_package):
     assert (tmp_path / "run" / "checkpoints").exists()
     assert (tmp_path / "run" / "sft-model" / "config.json").exists()  # the KL anchor (beta > 0)
     assert any((tmp_path / "run" / "tensorboard").iterdir())
+    # the warm-started model is a model folder of its own (model=hf model.name_or_path=<run>/sft-model)
+    from trainer.models import load_tokenizer
+
+    own = load_tokenizer(str(tmp_path / "run" / "sft-model"), tiny=False)
+    assert own("12+7=")["input_ids"] == load_tokenizer(str(tmp_path / "run" / "tiny-model"), tiny=True)("12+7=")["input_ids"] != []
 
 
 def test_grpo_steps_with_a_tool_domain(tmp_path):

@@ -71,6 +71,11 @@ def test_a_users_model_folder_that_is_missing_or_empty_is_a_config_error(tmp_pat
     with pytest.raises(ConfigError, match=rf"^model\.name_or_path: {empty} has no config\.json "
                                           r"\(not a Hugging Face model folder\)$"):
         run(config(tmp_path, model={"type": "hf", "name_or_path": str(empty)}))
+    untokenized = tmp_path / "weights-only"
+    untokenized.mkdir()
+    (untokenized / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=rf"^model\.name_or_path: {untokenized} has no tokenizer \(none of "):
+        run(config(tmp_path, model={"type": "hf", "name_or_path": str(untokenized)}))
     assert not (tmp_path / "run").exists()  # refused before the run folder or its store was written
 
 

@@ -170,8 +170,9 @@ class GRPORecipe:
             self._engine_stale = True
             if self.ref_model is not None:  # the KL anchor is the policy RL starts from, after SFT
                 self.ref_model.load_state_dict(self.model.state_dict())
-                if self.world.is_main:
-                    self.model.save_pretrained(self.output_dir / "sft-model")  # the anchor again on resume
+                if self.world.is_main:  # the anchor again on resume, and a model folder of its own
+                    self.model.save_pretrained(self.output_dir / "sft-model")
+                    self.tokenizer.save_pretrained(self.output_dir / "sft-model")
             self._evaluate(0, "held-out success before GRPO", keep="before")
         step = done = self.start_step
         self.logger.bar.reset(total=cfg.trainer.steps - self.start_step)  # the GRPO clock starts now

@@ -30,6 +30,9 @@ def model_path(cfg: ModelConfig, output_dir: Path, seed: int) -> str:
     return str(folder) if folder.is_dir() else cfg.name_or_path  # transformers does not expand ~
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def check_model_source(cfg: ModelConfig) -> None:
     """A user's model folder must exist and hold a Hugging Face model (cheap: run before any work)."""
     if cfg.type == "tiny":
@@ -38,6 +41,10 @@ def check_model_source(cfg: ModelConfig) -> None:
     folder = Path(cfg.name_or_path).expanduser()
     if folder.is_dir() and not (folder / "config.json").is_file():
         raise ConfigError(f"model.name_or_path: {cfg.name_or_path} has no config.json (not a Hugging Face model folder)")
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer that encodes every prompt to nothing
+        raise ConfigError(f"model.name_or_path: {cfg.name_or_path} has no tokenizer "
+                          f"(none of {', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model")
     if not folder.is_dir() and (folder.exists() or _names_a_path(cfg.name_or_path)):
         raise ConfigError(f"model.name_or_path: no model folder at {cfg.name_or_path}")
 
