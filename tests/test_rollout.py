@@ -52,6 +52,24 @@ def test_cached_greedy_matches_full_forward(tiny):
     torch.testing.assert_close(logp[counted], expected[counted])
 
 
+def test_logprobs_are_those_of_the_sampling_temperature(tiny):
+    # the loss must score the distribution the rows were sampled from: softmax(logits / T)
+    model, tok = tiny
+    rollout = generate(model, _prompts(tok), max_new_tokens=6, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                       temperature=0.7, generator=torch.Generator().manual_seed(0))
+    logits = model(input_ids=rollout.sequences, attention_mask=rollout.attention_mask,
+                   position_ids=positions(rollout.attention_mask)).logits[:, rollout.prompt_width - 1:-1]
+    counted = rollout.completion_mask.bool()
+    logp, entropy = sequence_logprobs(model, rollout.sequences, rollout.attention_mask, rollout.prompt_width,
+                                      with_entropy=True, temperature=0.7)
+    tempered = (logits / 0.7).log_softmax(-1)
+    expected = tempered.gather(2, rollout.completion_tokens.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(logp[counted], expected[counted])
+    torch.testing.assert_close(entropy[counted], -(tempered.exp() * tempered).sum(-1)[counted])
+    untempered, _ = sequence_logprobs(model, rollout.sequences, rollout.attention_mask, rollout.prompt_width)
+    assert not torch.allclose(logp[counted], untempered[counted])
+
+
 def test_truncation_and_stop_sequence(tiny):
     model, tok = tiny
     prompts = _prompts(tok)

@@ -425,7 +425,7 @@ class GRPORecipe:
                 with self._autocast():
                     logp, entropy = sequence_logprobs(self.model, seqs[mb, left:r.prompt_width + right],
                                                       attn[mb, left:r.prompt_width + right], r.prompt_width - left,
-                                                      with_entropy=True)
+                                                      with_entropy=True, temperature=t.temperature)
                 out = grpo_loss(
                     logp, old_logp[mb, :right] if old_logp is not None else logp.detach(), adv[mb], mask[mb, :right],
                     eps_low=t.eps_low, eps_high=t.eps_high, aggregation=t.aggregation, max_tokens=t.max_new_tokens,
@@ -501,7 +501,8 @@ class GRPORecipe:
         with self._autocast():
             for mb in chunks:
                 left = _padding_bounds(attn[mb], None, prompt_width)[0]
-                out[mb] = sequence_logprobs(model, seqs[mb, left:], attn[mb, left:], prompt_width - left)[0]
+                out[mb] = sequence_logprobs(model, seqs[mb, left:], attn[mb, left:], prompt_width - left,
+                                            temperature=self.cfg.trainer.temperature)[0]
         return out
 
     def _autocast(self):

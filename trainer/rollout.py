@@ -181,13 +181,16 @@ def assemble(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion: to
 
 def sequence_logprobs(
     model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int,
-    with_entropy: bool = False,
+    with_entropy: bool = False, temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [B, L] of the completion tokens (and their entropies [B, L] if asked)."""
+    """Log-probs [B, L] of the completion tokens (and their entropies [B, L] if asked) under the
+    model's distribution at ``temperature``: the one ``generate`` samples from at that temperature."""
     from trainer.losses import token_entropy, token_logprobs
 
     logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=positions(attention_mask)).logits
     # position t predicts token t+1: completion token j is predicted at prompt_width - 1 + j
     logits = logits[:, prompt_width - 1:-1, :]
+    if temperature != 1.0:
+        logits = logits.float() / temperature
     logp = token_logprobs(logits, sequences[:, prompt_width:])
     return logp, (token_entropy(logits) if with_entropy else None)
