@@ -81,14 +81,17 @@ def _hydra_main(cfg: DictConfig) -> None:
     # (during GRPO, the recipe instead finishes the step and saves a checkpoint first). Other
     # torchrun ranks keep the default: they hold no store, and torchrun stops them.
     signal.signal(signal.SIGTERM, _interrupt)
+    validated = False
     try:
         config = to_config(cfg, HydraConfig.get())
         if _launched_ranks() > 1 and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise ConfigError("a torchrun launch trains one run; start one launch per sweep point instead of -m")
+        validated = True  # from here a run may write elsewhere (a resume goes on in its own folder)
         summary = run(config)
     except (ConfigError, DomainError, StoreUnavailable, SchemaVersionError, VerifierBackendUnavailable,
             VerifierPoolBroken, VLLMUnavailable) as exc:
-        _discard_unused_run_folder()
+        if not validated:
+            _discard_unused_run_folder()
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as exc:  # the run is marked interrupted in its store; say how to go on
@@ -98,9 +101,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def _discard_unused_run_folder() -> None:
-    """A run refused before it wrote anything leaves no folder behind: Hydra creates the run folder,
-    with its saved config and log, before the config is validated. A folder holding anything else
-    (a store, checkpoints: an earlier run's, or this one's) stays as it is."""
+    """A config refused by validation leaves no folder behind: Hydra creates the run folder, with
+    its saved config and log, before the config is validated. A folder holding anything else (an
+    earlier run's store or checkpoints) stays as it is."""
     hydra_cfg = HydraConfig.get()
     folder = Path(hydra_cfg.runtime.output_dir)
     hydra_own = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log"}
