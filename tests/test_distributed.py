@@ -257,3 +257,27 @@ def test_a_failing_rank_ends_the_launch_instead_of_hanging_it(tmp_path, failing_
     assert done.returncode != 0 and f"injected failure on rank {failing_rank}" in log, log[-3000:]
     # the other rank saw its peer go (or torchrun stopped it); it did not sit out the 150 s timeout
     assert time.perf_counter() - started < 140, log[-3000:]
+
+
+def test_every_log_prob_of_the_update_is_taken_at_the_sampling_temperature(one_step, monkeypatch):
+    # the policy's, the old policy's and the reference's log-probs all score softmax(logits / T)
+    import trainer.grpo
+    from trainer.rollout import sequence_logprobs
+
+    recipe, batch = one_step
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("temperature", 1.0))
+        return sequence_logprobs(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.grpo, "sequence_logprobs", recording)
+    t = recipe.cfg.trainer
+    weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
+    t.temperature, t.mu = 0.7, 2  # mu > 1: the old policy's log-probs are taken too
+    try:
+        recipe._update(batch, group_advantages(batch.rewards, "batch").flatten())
+    finally:
+        t.temperature, t.mu = 1.0, 1
+        recipe.model.load_state_dict(weights)
+    assert recipe.ref_model is not None and len(seen) >= 3 and set(seen) == {0.7}
