@@ -106,7 +106,7 @@ def one_step(tmp_path_factory):
 def _update_as(recipe, world, batch, advantages, weights):
     recipe.world = world
     recipe.model.load_state_dict(weights)  # every rank starts from the same weights
-    stats = recipe._update(batch, advantages)
+    stats = recipe._update(batch, advantages, batch.tasks)
     return (world.grads[0] if world.grads else {}), stats
 
 
@@ -180,6 +180,28 @@ def test_a_step_whose_groups_all_agree_trains_on_nothing_when_skipping(one_step)
     assert all(torch.equal(after[k], weights[k]) for k in weights)
 
 
+def test_the_rehearsal_blend_draws_the_same_tasks_on_every_rank(one_step):
+    """sft_source=warm_start: the blend's tasks come from a generator seeded by the step, so a rank
+    whose training stream stands elsewhere (only rank 0 draws training tasks) blends the same ones,
+    and drawing them leaves the training stream alone."""
+    recipe, batch = one_step
+    recipe.cfg.trainer.sft_source = "warm_start"
+    try:
+        stream = recipe.tasks.rng.getstate()
+        blends = {step: [task.id for task in recipe._sft_tasks(step, batch)] for step in range(1, 9)}
+        assert recipe.tasks.rng.getstate() == stream
+        recipe.tasks.rng.random()  # another rank's stream
+        assert [task.id for task in recipe._sft_tasks(3, batch)] == blends[3]
+        slots = {(task.domain, task.level) for step in range(1, 9) for task in recipe._sft_tasks(step, batch)}
+    finally:
+        recipe.cfg.trainer.sft_source = "step"
+    assert all(len(ids) == len(batch.tasks) for ids in blends.values())
+    assert blends[3] != blends[4]  # a fresh draw each step
+    assert len({domain for domain, _ in slots}) == 2 and len(slots) >= 4  # every domain, several levels
+    assert not {i for ids in blends.values() for i in ids} & {task.id for task in recipe.heldout}
+    assert recipe._sft_tasks(3, batch) == batch.tasks  # sft_source=step: the step's own tasks
+
+
 # -- torchrun end to end --------------------------------------------------------------------------------
 OVERRIDES = [
     "seed=5", "trainer.steps=2", "trainer.prompts_per_step=5", "trainer.group_size=4", "trainer.max_new_tokens=8",
@@ -189,6 +211,9 @@ OVERRIDES = [
     "sft.batch_size=8", "eval.tasks_per_level=1", "checkpoint.every=1", "domains=[distributed_helpers:DIGITS,arithmetic]",
     "model.tiny.hidden_size=32", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
     "model.tiny.intermediate_size=64", "model.device=cpu",  # gloo on the CPU, also where a GPU is visible
+    # the rehearsal blend draws its own tasks on every rank: a draw from the training stream, which
+    # only rank 0 advances, would blend other tasks on rank 1 and part the weights from one process
+    "trainer.sft_coef=0.5", "trainer.sft_source=warm_start",
 ]
 
 
@@ -276,7 +301,7 @@ def test_every_log_prob_of_the_update_is_taken_at_the_sampling_temperature(one_s
     weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     t.temperature, t.mu = 0.7, 2  # mu > 1: the old policy's log-probs are taken too
     try:
-        recipe._update(batch, group_advantages(batch.rewards, "batch").flatten())
+        recipe._update(batch, group_advantages(batch.rewards, "batch").flatten(), [])
     finally:
         t.temperature, t.mu = 1.0, 1
         recipe.model.load_state_dict(weights)

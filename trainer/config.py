@@ -71,6 +71,10 @@ class TrainerConfig(Strict):
     grad_clip: float = Field(1.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0)
     sft_coef: float = Field(0.0, ge=0)  # blend a supervised loss on reference completions
+    # whose references the blend trains on: "step", the step's own tasks; "warm_start", as many
+    # tasks drawn like a warm-start batch (every domain and level), which rehearses what GRPO is
+    # not training at the moment and so counters forgetting (trainer/grpo.py, _sft_tasks)
+    sft_source: Literal["step", "warm_start"] = "step"
     # Torch threads on the CPU while sampling. One by default: the models trained on CPUs are small,
     # the verifier workers and the store writer need a core too, and OpenMP threads that spin-wait
     # on a busy machine made small steps ten times slower in our measurements. The main job's

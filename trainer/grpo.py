@@ -44,7 +44,7 @@ from trainer.metrics import MetricsLogger
 from trainer.models import check_model_source, check_resumable, load_model, load_policy, model_path, pick_device
 from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate, sequence_logprobs
-from trainer.sft import reference_pairs, supervised_loss, warm_start
+from trainer.sft import reference_pairs, supervised_loss, warm_start, warm_start_counts
 from trainer.tasks import TaskSource
 from trainer.vllm_engine import VLLMEngine
 
@@ -290,9 +290,10 @@ class GRPORecipe:
         plan = self.world.broadcast(self.scheduler.plan(step) if self.world.is_main else None)
         batch, recorded, kept = self._collect_with_refill(plan, timer)
         advantages = group_advantages(batch.rewards, t.advantage_std)  # [P, G]
+        sft_tasks = self._sft_tasks(step, batch) if t.sft_coef > 0 else []
         start = time.perf_counter()
         with self._cpu_threads(t.update_cpu_threads):
-            update = self._update(batch, advantages.flatten())
+            update = self._update(batch, advantages.flatten(), sft_tasks)
         timer["train"] = time.perf_counter() - start
         metrics = step_report.step_metrics(step, plan, batch, recorded, update, timer)
         if self.world.is_main:  # every rank holds the whole step; rank 0 records it
@@ -384,8 +385,9 @@ class GRPORecipe:
         return concat(parts, self.tokenizer.pad_token_id)
 
     # -- update ---------------------------------------------------------------------------------------
-    def _update(self, batch: StepBatch, advantages: torch.Tensor) -> dict[str, float]:
-        """mu passes of the clipped objective over the batch, in micro-batches (one optimizer step each).
+    def _update(self, batch: StepBatch, advantages: torch.Tensor, sft_tasks: list[Task]) -> dict[str, float]:
+        """mu passes of the clipped objective over the batch, in micro-batches (one optimizer step
+        each), plus the SFT blend's supervised loss on the references of ``sft_tasks``.
 
         With several ranks, each trains on its contiguous share of the rows and weights every
         loss term by its share of the *whole step's* normaliser — tokens for token_mean, sequences
@@ -409,7 +411,7 @@ class GRPORecipe:
         old_logp = self._frozen_logprobs(self.model, seqs, attn, r.prompt_width, chunks) if t.mu > 1 else None
         ref_logp = self._frozen_logprobs(self.ref_model, seqs, attn, r.prompt_width, chunks) if self.ref_model else None
         # the SFT blend splits the step's tasks, not its rows: each task's references go to one rank
-        sft_pairs, sft_share = (self._sft_share(batch.tasks, *self.world.share(len(batch.tasks)))
+        sft_pairs, sft_share = (self._sft_share(sft_tasks, *self.world.share(len(sft_tasks)))
                                 if t.sft_coef > 0 else ([], None))
         stats: dict[str, float] = defaultdict(float)
         grad_norm = 0.0
@@ -461,6 +463,18 @@ class GRPORecipe:
         if not self.cfg.trainer.skip_zero_advantage:
             return torch.ones_like(advantages, dtype=torch.bool)
         return advantages.abs() > 1e-6
+
+    def _sft_tasks(self, step: int, batch: StepBatch) -> list[Task]:
+        """The tasks whose references the SFT blend trains on: the step's own, or (sft_source
+        warm_start) as many drawn like a warm-start batch. That draw has a generator of its own,
+        seeded by the step, so every rank draws the same tasks (only rank 0 advances the training
+        stream), a resumed run draws what the first one would have, and the training tasks do
+        not change."""
+        if self.cfg.trainer.sft_source == "step":
+            return batch.tasks
+        rng = random.Random(f"sft-blend/{self.cfg.seed}/{step}")
+        counts = warm_start_counts(self.domains, self.cfg.sft.level_decay, len(batch.tasks), rng)
+        return self.tasks.draw(counts, rng=rng)
 
     def _sft_share(self, tasks: list[Task], lo: int, hi: int) -> tuple[list, float | None]:
         """This rank's reference examples for the SFT blend (tasks[lo:hi]) and their share of the

@@ -7,6 +7,7 @@ stops well before mastery so that reinforcement learning has something to improv
 from __future__ import annotations
 
 import random
+from collections import Counter
 from typing import Callable
 
 import torch
@@ -100,6 +101,17 @@ def _accumulate(model, tokenizer, tasks: list[Task], domains: dict[str, Domain],
     return total if examples else None
 
 
+def warm_start_counts(domains: dict[str, Domain], level_decay: float, k: int, rng: random.Random
+                      ) -> dict[tuple[str, int], int]:
+    """How many of ``k`` examples each (domain, level) gets in a warm-start batch: every domain
+    alike, and within one, level i+1 ``level_decay`` times as likely as level i. Easier levels get
+    more of the budget because a small model masters them first, which is where GRPO finds groups
+    with mixed outcomes to learn from."""
+    slots = [(name, level) for name in sorted(domains) for level in domains[name].levels]
+    weights = [level_decay ** domains[name].levels.index(level) for name, level in slots]
+    return dict(Counter(rng.choices(slots, weights=weights, k=k)))
+
+
 def warm_start(
     model: torch.nn.Module, tokenizer, domains: dict[str, Domain], cfg: SFTConfig, *,
     draw: Callable[[dict[tuple[str, int], int]], list[Task]], seed: int, log: Callable[[int, dict], None],
@@ -108,20 +120,13 @@ def warm_start(
     if cfg.steps == 0:
         return
     rng = random.Random(f"sft/{seed}")
-    slots = [(name, level) for name in sorted(domains) for level in domains[name].levels]
-    # Easier levels get more of the budget (weight decay**rank): a small model masters them first,
-    # which is where GRPO finds groups with mixed outcomes to learn from.
-    slot_weights = [cfg.level_decay ** domains[name].levels.index(level) for name, level in slots]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * max(0.1, 1 - s / cfg.steps)
     )
     model.train()
     for step in range(1, cfg.steps + 1):
-        counts: dict[tuple[str, int], int] = {}
-        for slot in rng.choices(slots, weights=slot_weights, k=cfg.batch_size):
-            counts[slot] = counts.get(slot, 0) + 1
-        tasks = draw(counts)
+        tasks = draw(warm_start_counts(domains, cfg.level_decay, cfg.batch_size, rng))
         optimizer.zero_grad(set_to_none=True)
         loss = _accumulate(model, tokenizer, tasks, domains, cfg.micro_batch_tokens)
         if loss is None:

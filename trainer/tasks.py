@@ -15,27 +15,30 @@ class TaskSource:
         self.rng = random.Random(f"train/{seed}")
         self.selector = selector
 
-    def draw(self, counts: dict[tuple[str, int], int], step: int | None = None) -> list[Task]:
+    def draw(self, counts: dict[tuple[str, int], int], step: int | None = None,
+             rng: random.Random | None = None) -> list[Task]:
         """Tasks for each (domain, level) slot of a plan, in a deterministic order. With a training
-        ``step`` and a prompt selector, each slot draws extra candidates and the selector picks."""
+        ``step`` and a prompt selector, each slot draws extra candidates and the selector picks.
+        A draw with its own ``rng`` leaves the training stream (``self.rng``) where it was."""
+        rng = rng or self.rng
         tasks: list[Task] = []
         for (name, level), n in sorted(counts.items()):
             if n <= 0:
                 continue
             if step is None or self.selector is None:
-                tasks.extend(self._draw_one(name, level, n))
+                tasks.extend(self._draw_one(name, level, n, rng))
             else:
-                candidates = self._draw_one(name, level, self.selector.candidates(name, n))
+                candidates = self._draw_one(name, level, self.selector.candidates(name, n), rng)
                 tasks.extend(self.selector.choose(name, level, candidates, n, step))
         return tasks
 
-    def _draw_one(self, name: str, level: int, n: int) -> list[Task]:
+    def _draw_one(self, name: str, level: int, n: int, rng: random.Random) -> list[Task]:
         domain = self.domains[name]
         kept: list[Task] = []
         # Held-out tasks are rejected and redrawn. A domain whose every task is held out would
         # loop forever, so after a generous number of rounds we give up loudly.
         for _ in range(50):
-            kept += [t for t in domain.sample(level, n - len(kept), self.rng) if t.id not in self.heldout_ids]
+            kept += [t for t in domain.sample(level, n - len(kept), rng) if t.id not in self.heldout_ids]
             if len(kept) >= n:
                 return kept[:n]
         raise RuntimeError(f"domain {name!r} level {level}: could not draw {n} tasks outside the held-out set")
