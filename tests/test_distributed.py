@@ -180,26 +180,59 @@ def test_a_step_whose_groups_all_agree_trains_on_nothing_when_skipping(one_step)
     assert all(torch.equal(after[k], weights[k]) for k in weights)
 
 
-def test_the_rehearsal_blend_draws_the_same_tasks_on_every_rank(one_step):
-    """sft_source=warm_start: the blend's tasks come from a generator seeded by the step, so a rank
-    whose training stream stands elsewhere (only rank 0 draws training tasks) blends the same ones,
-    and drawing them leaves the training stream alone."""
+def test_the_rehearsal_blend_is_a_function_of_seed_and_step_alone(one_step):
+    """sft_source=warm_start: the blend's tasks come from a generator seeded by the step, so a
+    resumed run blends what the first would have, and drawing them leaves the training stream
+    (and so the training tasks) alone. Held-out tasks never enter it."""
     recipe, batch = one_step
     recipe.cfg.trainer.sft_source = "warm_start"
+    heldout, seed = recipe.tasks.heldout_ids, recipe.cfg.seed
     try:
         stream = recipe.tasks.rng.getstate()
         blends = {step: [task.id for task in recipe._sft_tasks(step, batch)] for step in range(1, 9)}
         assert recipe.tasks.rng.getstate() == stream
-        recipe.tasks.rng.random()  # another rank's stream
-        assert [task.id for task in recipe._sft_tasks(3, batch)] == blends[3]
         slots = {(task.domain, task.level) for step in range(1, 9) for task in recipe._sft_tasks(step, batch)}
+        recipe.cfg.seed = seed + 1
+        other_seed = [task.id for task in recipe._sft_tasks(3, batch)]
+        recipe.cfg.seed = seed
+        recipe.tasks.heldout_ids = heldout | set(blends[3])  # hold out exactly what step 3 would blend
+        redrawn = [task.id for task in recipe._sft_tasks(3, batch)]
     finally:
-        recipe.cfg.trainer.sft_source = "step"
+        recipe.cfg.trainer.sft_source, recipe.tasks.heldout_ids, recipe.cfg.seed = "step", heldout, seed
     assert all(len(ids) == len(batch.tasks) for ids in blends.values())
-    assert blends[3] != blends[4]  # a fresh draw each step
+    assert blends[3] != blends[4] and blends[3] != other_seed  # a fresh draw each step and seed
     assert len({domain for domain, _ in slots}) == 2 and len(slots) >= 4  # every domain, several levels
-    assert not {i for ids in blends.values() for i in ids} & {task.id for task in recipe.heldout}
+    assert len(redrawn) == len(blends[3]) and not set(redrawn) & set(blends[3])
     assert recipe._sft_tasks(3, batch) == batch.tasks  # sft_source=step: the step's own tasks
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_step_trains_the_blend_on_the_rehearsal_tasks(one_step, monkeypatch):
+    recipe, _ = one_step
+    t = recipe.cfg.trainer
+    seen = []
+
+    def recording_update(self, batch, advantages, sft_tasks):
+        seen.append((batch, sft_tasks))
+        raise _Stop  # the step's tasks are known; no need to train
+
+    monkeypatch.setattr(GRPORecipe, "_update", recording_update)
+    t.sft_coef, t.sft_source = 0.5, "warm_start"
+    try:
+        with pytest.raises(_Stop):
+            recipe.train_step(1)
+        (batch, blended), = seen
+        expected = [task.id for task in recipe._sft_tasks(1, batch)]
+        t.sft_coef = 0.0
+        with pytest.raises(_Stop):
+            recipe.train_step(1)
+    finally:
+        t.sft_coef, t.sft_source = 0.0, "step"
+    assert [task.id for task in blended] == expected != [task.id for task in batch.tasks]
+    assert seen[1][1] == []  # no blend, no tasks for it
 
 
 # -- torchrun end to end --------------------------------------------------------------------------------
@@ -211,8 +244,8 @@ OVERRIDES = [
     "sft.batch_size=8", "eval.tasks_per_level=1", "checkpoint.every=1", "domains=[distributed_helpers:DIGITS,arithmetic]",
     "model.tiny.hidden_size=32", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
     "model.tiny.intermediate_size=64", "model.device=cpu",  # gloo on the CPU, also where a GPU is visible
-    # the rehearsal blend draws its own tasks on every rank: a draw from the training stream, which
-    # only rank 0 advances, would blend other tasks on rank 1 and part the weights from one process
+    # the rehearsal blend: rank 0 draws it for every rank; tasks drawn on rank 1 from its own copy
+    # of the training stream (which only rank 0 advances) would part the weights from one process
     "trainer.sft_coef=0.5", "trainer.sft_source=warm_start",
 ]
 

@@ -72,8 +72,8 @@ class TrainerConfig(Strict):
     entropy_coef: float = Field(0.0, ge=0)
     sft_coef: float = Field(0.0, ge=0)  # blend a supervised loss on reference completions
     # whose references the blend trains on: "step", the step's own tasks; "warm_start", as many
-    # tasks drawn like a warm-start batch (every domain and level), which rehearses what GRPO is
-    # not training at the moment and so counters forgetting (trainer/grpo.py, _sft_tasks)
+    # drawn afresh with the warm start's mix of domains and levels, a rehearsal of what GRPO may
+    # not be training at the moment, against forgetting (trainer/grpo.py, _sft_tasks)
     sft_source: Literal["step", "warm_start"] = "step"
     # Torch threads on the CPU while sampling. One by default: the models trained on CPUs are small,
     # the verifier workers and the store writer need a core too, and OpenMP threads that spin-wait

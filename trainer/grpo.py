@@ -290,8 +290,8 @@ class GRPORecipe:
         plan = self.world.broadcast(self.scheduler.plan(step) if self.world.is_main else None)
         batch, recorded, kept = self._collect_with_refill(plan, timer)
         advantages = group_advantages(batch.rewards, t.advantage_std)  # [P, G]
-        sft_tasks = self._sft_tasks(step, batch) if t.sft_coef > 0 else []
         start = time.perf_counter()
+        sft_tasks = self._sft_tasks(step, batch) if t.sft_coef > 0 else []
         with self._cpu_threads(t.update_cpu_threads):
             update = self._update(batch, advantages.flatten(), sft_tasks)
         timer["train"] = time.perf_counter() - start
@@ -386,8 +386,8 @@ class GRPORecipe:
 
     # -- update ---------------------------------------------------------------------------------------
     def _update(self, batch: StepBatch, advantages: torch.Tensor, sft_tasks: list[Task]) -> dict[str, float]:
-        """mu passes of the clipped objective over the batch, in micro-batches (one optimizer step
-        each), plus the SFT blend's supervised loss on the references of ``sft_tasks``.
+        """mu passes of the clipped objective over the batch in micro-batches, plus the SFT blend's
+        supervised loss on the references of ``sft_tasks``; one optimizer step per pass.
 
         With several ranks, each trains on its contiguous share of the rows and weights every
         loss term by its share of the *whole step's* normaliser — tokens for token_mean, sequences
@@ -466,15 +466,16 @@ class GRPORecipe:
 
     def _sft_tasks(self, step: int, batch: StepBatch) -> list[Task]:
         """The tasks whose references the SFT blend trains on: the step's own, or (sft_source
-        warm_start) as many drawn like a warm-start batch. That draw has a generator of its own,
-        seeded by the step, so every rank draws the same tasks (only rank 0 advances the training
-        stream), a resumed run draws what the first one would have, and the training tasks do
-        not change."""
+        warm_start) as many drawn with the warm start's distribution over domains and levels.
+        That draw has a generator of its own, seeded by the step, so the training stream is left
+        alone and a resumed run draws what the first one would have. Rank 0 draws and every rank
+        gets the list, as for the training tasks: a domain's sampler may depend on more than the
+        generator (reasoning-gym falls back to an easier level after a deadline)."""
         if self.cfg.trainer.sft_source == "step":
             return batch.tasks
         rng = random.Random(f"sft-blend/{self.cfg.seed}/{step}")
         counts = warm_start_counts(self.domains, self.cfg.sft.level_decay, len(batch.tasks), rng)
-        return self.tasks.draw(counts, rng=rng)
+        return self.world.broadcast(self.tasks.draw(counts, rng=rng) if self.world.is_main else None)
 
     def _sft_share(self, tasks: list[Task], lo: int, hi: int) -> tuple[list, float | None]:
         """This rank's reference examples for the SFT blend (tasks[lo:hi]) and their share of the

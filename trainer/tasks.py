@@ -20,7 +20,7 @@ class TaskSource:
         """Tasks for each (domain, level) slot of a plan, in a deterministic order. With a training
         ``step`` and a prompt selector, each slot draws extra candidates and the selector picks.
         A draw with its own ``rng`` leaves the training stream (``self.rng``) where it was."""
-        rng = rng or self.rng
+        rng = self.rng if rng is None else rng
         tasks: list[Task] = []
         for (name, level), n in sorted(counts.items()):
             if n <= 0:
