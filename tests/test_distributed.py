@@ -106,7 +106,7 @@ def one_step(tmp_path_factory):
 def _update_as(recipe, world, batch, advantages, weights):
     recipe.world = world
     recipe.model.load_state_dict(weights)  # every rank starts from the same weights
-    stats = recipe._update(batch, advantages, batch.tasks)
+    stats = recipe._update(batch, advantages, recipe._sft_tasks(1, batch))
     return (world.grads[0] if world.grads else {}), stats
 
 
@@ -185,7 +185,7 @@ def test_the_rehearsal_blend_is_a_function_of_seed_and_step_alone(one_step):
     resumed run blends what the first would have, and drawing them leaves the training stream
     (and so the training tasks) alone. Held-out tasks never enter it."""
     recipe, batch = one_step
-    recipe.cfg.trainer.sft_source = "warm_start"
+    recipe.cfg.trainer.sft_coef, recipe.cfg.trainer.sft_source = 0.5, "warm_start"
     heldout, seed = recipe.tasks.heldout_ids, recipe.cfg.seed
     try:
         stream = recipe.tasks.rng.getstate()
@@ -197,13 +197,17 @@ def test_the_rehearsal_blend_is_a_function_of_seed_and_step_alone(one_step):
         recipe.cfg.seed = seed
         recipe.tasks.heldout_ids = heldout | set(blends[3])  # hold out exactly what step 3 would blend
         redrawn = [task.id for task in recipe._sft_tasks(3, batch)]
+        recipe.cfg.trainer.sft_source = "step"
+        own = recipe._sft_tasks(3, batch)
     finally:
         recipe.cfg.trainer.sft_source, recipe.tasks.heldout_ids, recipe.cfg.seed = "step", heldout, seed
+        recipe.cfg.trainer.sft_coef = 0.0
     assert all(len(ids) == len(batch.tasks) for ids in blends.values())
     assert blends[3] != blends[4] and blends[3] != other_seed  # a fresh draw each step and seed
     assert len({domain for domain, _ in slots}) == 2 and len(slots) >= 4  # every domain, several levels
     assert len(redrawn) == len(blends[3]) and not set(redrawn) & set(blends[3])
-    assert recipe._sft_tasks(3, batch) == batch.tasks  # sft_source=step: the step's own tasks
+    assert own == batch.tasks  # sft_source=step: the step's own tasks
+    assert recipe._sft_tasks(3, batch) == []  # sft_coef=0: no blend, no tasks
 
 
 class _Stop(Exception):

@@ -291,7 +291,7 @@ class GRPORecipe:
         batch, recorded, kept = self._collect_with_refill(plan, timer)
         advantages = group_advantages(batch.rewards, t.advantage_std)  # [P, G]
         start = time.perf_counter()
-        sft_tasks = self._sft_tasks(step, batch) if t.sft_coef > 0 else []
+        sft_tasks = self._sft_tasks(step, batch)
         with self._cpu_threads(t.update_cpu_threads):
             update = self._update(batch, advantages.flatten(), sft_tasks)
         timer["train"] = time.perf_counter() - start
@@ -412,7 +412,7 @@ class GRPORecipe:
         ref_logp = self._frozen_logprobs(self.ref_model, seqs, attn, r.prompt_width, chunks) if self.ref_model else None
         # the SFT blend splits the step's tasks, not its rows: each task's references go to one rank
         sft_pairs, sft_share = (self._sft_share(sft_tasks, *self.world.share(len(sft_tasks)))
-                                if t.sft_coef > 0 else ([], None))
+                                if sft_tasks else ([], None))
         stats: dict[str, float] = defaultdict(float)
         grad_norm = 0.0
         for _ in range(t.mu):
@@ -465,13 +465,16 @@ class GRPORecipe:
         return advantages.abs() > 1e-6
 
     def _sft_tasks(self, step: int, batch: StepBatch) -> list[Task]:
-        """The tasks whose references the SFT blend trains on: the step's own, or (sft_source
-        warm_start) as many drawn with the warm start's distribution over domains and levels.
+        """The tasks whose references the SFT blend trains on (none without a blend): the step's
+        own, or (sft_source warm_start) as many drawn with the warm start's distribution over domains and levels.
         That draw has a generator of its own, seeded by the step, so the training stream is left
         alone and a resumed run draws what the first one would have. Rank 0 draws and every rank
         gets the list, as for the training tasks: a domain's sampler may depend on more than the
         generator (reasoning-gym falls back to an easier level after a deadline)."""
-        if self.cfg.trainer.sft_source == "step":
+        t = self.cfg.trainer
+        if t.sft_coef == 0:
+            return []
+        if t.sft_source == "step":
             return batch.tasks
         rng = random.Random(f"sft-blend/{self.cfg.seed}/{step}")
         counts = warm_start_counts(self.domains, self.cfg.sft.level_decay, len(batch.tasks), rng)
