@@ -72,6 +72,17 @@ class VerifyResult:
     def failure(cls, status: Status, message: str, **details: Any) -> "VerifyResult":
         return cls(reward=0.0, correct=False, status=status, details={"message": message[:500], **details})
 
+    @classmethod
+    def unscored(cls, message: str) -> "VerifyResult":
+        """The verifier could not judge the completion (it raised, its worker died, its sandbox is
+        missing): ``status=error`` and reward 0 like any failure, flagged so that a caller can tell
+        it from a verdict on the completion (``palestra verify`` exits 1 on one)."""
+        return cls.failure(Status.ERROR, message, unscored=True)
+
+    @property
+    def scored(self) -> bool:
+        return not self.details.get("unscored", False)
+
     def to_json(self) -> dict[str, Any]:
         return {"reward": self.reward, "correct": self.correct, "status": self.status.value, "details": self.details}
 

@@ -522,8 +522,8 @@ def verify_code(config: CodeConfig, payload: dict[str, Any], completion: str) ->
             if str(exc) not in _REFUSALS_LOGGED:  # every verdict says why; the log says it once per process
                 _REFUSALS_LOGGED.add(str(exc))
                 log.error("code sandbox unavailable, refusing to score code: %s", exc)
-            return VerifyResult.failure(
-                Status.ERROR, f"refusing to score code: {exc} (set unsafe_no_sandbox: true to run it unisolated)"
+            return VerifyResult.unscored(
+                f"refusing to score code: {exc} (set unsafe_no_sandbox: true to run it unisolated)"
             )
     code = assemble(completion, payload)
     if not code.strip():

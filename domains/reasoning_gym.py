@@ -369,7 +369,7 @@ class ReasoningGymDomain(Domain):
         try:
             return self._verify(task, completion)
         except Exception as exc:  # a scorer bug is this task's error, never the trainer's
-            return VerifyResult.failure(Status.ERROR, f"{type(exc).__name__}: {one_line(exc)}")
+            return VerifyResult.unscored(f"scorer raised {type(exc).__name__}: {one_line(exc)}")
 
     def _verify(self, task: Task, completion: str) -> VerifyResult:
         answer, problem = extract(completion, self.config.require_answer_tag)
@@ -381,7 +381,7 @@ class ReasoningGymDomain(Domain):
         with _quiet():
             score = float(score_answer(answer, self._entry(task.payload)))
         if not math.isfinite(score):
-            return VerifyResult.failure(Status.ERROR, f"score_answer returned {score}")
+            return VerifyResult.unscored(f"score_answer returned {score}")
         score = min(1.0, max(0.0, score))
         correct = score >= 1.0 - 1e-9
         reward = score if self.config.partial_credit else float(correct)

@@ -201,6 +201,41 @@ def test_verify_with_workers_that_cannot_start_is_a_one_line_error_not_a_page_of
     assert out == "" and "workers keep dying at start-up" in err and len(err.strip().splitlines()) == 1
 
 
+def test_verify_exits_1_when_a_verifier_could_not_judge(tmp_path, capsys, monkeypatch):
+    from pathlib import Path
+
+    from domains.api import Task, user_prompt
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # pool_helpers: a verifier that raises on "raise"
+    task = Task("unruly", 1, user_prompt("x"), {})
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"task": task.to_json(), "completion": c}) + "\n" for c in ("ok", "raise", "x")))
+    assert main(["verify", "--domain", "pool_helpers:UNRULY", "--input", str(path), "--workers", "1"]) == 1
+    out, err = capsys.readouterr()
+    results = [json.loads(line) for line in out.splitlines()]  # every verdict is printed first
+    assert [(r["status"], r["details"].get("unscored", False)) for r in results] == [
+        ("ok", False), ("error", True), ("error", True)]  # "x": an unknown behaviour, the verifier raises too
+    assert err == "error: 2 of 3 completions were not scored: verifier raised ZeroDivisionError: the verifier divided by zero\n"
+
+
+def test_verify_of_code_tells_a_missing_sandbox_from_a_program_that_crashed(tmp_path, capsys):
+    assert main(["sample", "--domain", "code_functions", "--level", "1", "-n", "1", "--json"]) == 0
+    task = json.loads(capsys.readouterr().out)["task"]
+    entry = task["payload"]["entry_point"]
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"task": task, "completion": f"import os\nos._exit(3)\ndef {entry}(*args):\n    return 0"}) + "\n")
+    # the program dies as it loads: status error, and a verdict on the completion
+    assert main(["verify", "--domain", "code_functions", "--input", str(path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "error" and "unscored" not in result["details"], result
+    # without its sandbox the verifier refuses to run the code: no verdict at all
+    broken = ["--option", 'sandbox={"bwrap": "/nonexistent/bwrap"}']
+    assert main(["verify", "--domain", "code_functions", "--input", str(path), *broken]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["details"]["unscored"] is True
+    assert err.startswith("error: 1 of 1 completions were not scored: refusing to score code:"), err
+
+
 def test_help_lists_every_command(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--help"])

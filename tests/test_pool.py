@@ -46,18 +46,21 @@ def test_exception_becomes_error(pool: VerifierPool) -> None:
     verdict = _verify(pool, "raise")
     assert verdict.result.status == Status.ERROR and verdict.result.reward == 0.0
     assert "ZeroDivisionError" in verdict.result.details["message"]
+    assert not verdict.result.scored  # no verdict on the completion: the verifier could not judge it
     _still_works(pool)
 
 
 def test_garbage_return_becomes_error(pool: VerifierPool) -> None:
     verdict = _verify(pool, "garbage")
     assert verdict.result.status == Status.ERROR and "not VerifyResult" in verdict.result.details["message"]
+    assert not verdict.result.scored  # no verdict on the completion: the verifier could not judge it
     _still_works(pool)
 
 
 def test_unpicklable_result_becomes_error(pool: VerifierPool) -> None:
     verdict = _verify(pool, "unsendable")
     assert verdict.result.status == Status.ERROR and "not sendable" in verdict.result.details["message"]
+    assert not verdict.result.scored  # no verdict on the completion: the verifier could not judge it
     _still_works(pool)
 
 
@@ -66,6 +69,7 @@ def test_dead_worker_becomes_error_and_is_replaced(pool: VerifierPool, completio
     restarts = pool.restarts
     verdict = _verify(pool, completion)
     assert verdict.result.status == Status.ERROR and "died" in verdict.result.details["message"]
+    assert not verdict.result.scored  # no verdict on the completion: the verifier could not judge it
     assert pool.restarts == restarts + 1
     _still_works(pool)
 

@@ -105,6 +105,7 @@ def test_a_dead_worker_becomes_error_and_is_replaced(pool, completion):
     restarts = pool.restarts
     verdict = _verify(pool, completion)
     assert verdict.result.status == Status.ERROR and "worker died" in verdict.result.details["message"]
+    assert not verdict.result.scored
     assert pool.restarts == restarts + 1
     _still_works(pool)
 

@@ -71,6 +71,23 @@ def test_replay_counts_damaged_rows_and_unknown_domains_and_checks_the_rest(tmp_
     assert report["checked"] == 16 - 3 - with_damaged_task and report["mismatches"] == []
 
 
+def test_replay_without_a_sandbox_counts_code_it_could_not_judge_not_mismatches(tmp_path, capsys):
+    from sqlalchemy import update
+
+    from curriculum.schema import RunRow
+
+    summary = run(validate_config(tiny(tmp_path, ["code_functions"], steps=1)))
+    url = f"sqlite:///{tmp_path / 'run' / 'palestra.db'}"
+    with StatsStore(url) as store, store.engine.begin() as conn:  # replayed on a machine whose sandbox cannot work
+        config = {**store.run(summary["run_id"])["config"],
+                  "domain_options": {"code_functions": {"sandbox": {"bwrap": "/nonexistent/bwrap"}}}}
+        conn.execute(update(RunRow).where(RunRow.id == summary["run_id"]).values(config=config))
+    capsys.readouterr()
+    assert cli(["replay", "--db", url, "--run", summary["run_id"], "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert (report["unscored"], report["checked"], report["mismatches"]) == (16, 0, [])
+
+
 def test_replay_flags_a_nondeterministic_verifier(tmp_path, capsys):
     summary = run(validate_config(tiny(tmp_path, ["replay_helpers:COIN"], steps=2)))
     url = f"sqlite:///{tmp_path / 'run' / 'palestra.db'}"

@@ -6,7 +6,7 @@ from domains.math_gen import ARITHMETIC
 from domains.pool import Verdict
 from trainer.batch import StepBatch
 from trainer.losses import group_advantages
-from trainer.step_report import outcomes
+from trainer.step_report import domain_metrics, outcomes
 
 G = 2
 TASK = Task("arithmetic", 1, user_prompt("2+2="), {"answer": "4"})
@@ -37,3 +37,11 @@ def test_a_discarded_group_stores_zero_and_its_refill_the_trained_advantages():
     assert [r.group for r in rows] == [0, 0, 1, 1, 2, 2]
     assert [round(r.advantage, 3) for r in rows] == [1.0, -1.0, 0.0, 0.0, -1.0, 1.0]
     assert [r.completion for r in rows] == ["text0", "text1", "text2", "text3", "text0", "text1"]
+
+
+def test_domain_metrics_count_what_the_verifier_could_not_judge_apart_from_wrong_answers():
+    batch = _batch([[1.0, 0.0], [0.0, 0.0]])
+    batch.verdicts[1] = Verdict(VerifyResult.unscored("verifier worker died"), 0.0)
+    batch.verdicts[2] = Verdict(VerifyResult.failure(Status.ERROR, "program exited (code 3)"), 0.0)
+    stats = domain_metrics(batch.tasks, batch.verdicts, G, [batch])["arithmetic"]
+    assert (stats["errors"], stats["unscored"], stats["format_errors"]) == (2, 1, 0)

@@ -87,6 +87,7 @@ def domain_metrics(tasks: list[Task], verdicts: list[Verdict], group_size: int,
             "reward": float(np.mean([r.reward for _, r in results])), "zero_var": float(np.mean(zero_var[name])),
             "errors": statuses[Status.ERROR] + statuses[Status.TIMEOUT] + statuses[Status.SANDBOX_VIOLATION],
             "format_errors": statuses[Status.FORMAT_ERROR],
+            "unscored": sum(not r.scored for _, r in results),  # the verifier could not judge: no verdict
         }
         for level in sorted({lv for lv, _ in results}):
             stats[f"level{level}/success"] = float(np.mean([r.correct for lv, r in results if lv == level]))
