@@ -156,3 +156,15 @@ def test_a_refused_config_leaves_no_run_folder_but_keeps_one_in_use(tmp_path):
     (tmp_path / "used" / "palestra.db").write_bytes(b"an earlier run's store")
     assert train(tmp_path / "used").returncode == 2
     assert (tmp_path / "used" / "palestra.db").read_bytes() == b"an earlier run's store"
+
+
+def test_changed_settings_names_nested_keys_and_leaves_out_where_a_launch_writes():
+    from trainer.config import changed_settings
+
+    started = {"seed": 0, "output_dir": "a", "resume": "never", "versions": {"torch": "2.12"},
+               "trainer": {"mu": 1, "lr": 1e-4}, "domains": ["arithmetic"]}
+    now = {"seed": 0, "output_dir": "b", "resume": "auto", "trainer": {"mu": 2, "lr": 1e-4, "sft_coef": 1.0},
+           "domains": ["arithmetic", "fractions"]}
+    assert changed_settings(started, now) == [
+        "domains: ['arithmetic'] -> ['arithmetic', 'fractions']", "trainer.mu: 1 -> 2", "trainer.sft_coef: None -> 1.0"]
+    assert changed_settings(now, now) == []

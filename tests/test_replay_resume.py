@@ -137,7 +137,9 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path):
     resumed = _train_cli(tmp_path / "killed", steps, resume="auto")
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read().decode()[-2000:]
     # the evaluation before GRPO travelled in the checkpoint, so the gain still gets its interval
-    final = json.loads(resumed.stdout.read().decode().strip().splitlines()[-1])
+    output = resumed.stdout.read().decode()
+    final = json.loads(output.strip().splitlines()[-1])
+    assert "settings changed" not in output  # the same command, but for resume=auto
     low, high = final["macro_gain_ci95"]
     assert low <= final["macro_gain"] <= high
 
@@ -216,6 +218,8 @@ def test_resume_by_checkpoint_path_from_a_new_folder_continues_the_run_in_its_ow
         assert all(torch.equal(v.cpu(), anchor[k]) for k, v in recipe.ref_model.state_dict().items())
         # the forgetting alarm still measures against the best evaluation before the resume
         assert recipe.health.best_macro == max(first["before"]["eval/macro"], first["after"]["eval/macro"])
+        # what this launch changed is named; its new folder and the checkpoint it names are not changes
+        assert recipe.resumed_changes == ["checkpoint.every: 1 -> 0", "trainer.steps: 2 -> 3"]
     finally:
         recipe.cleanup("interrupted")
     resumed = run(validate_config(later))

@@ -215,3 +215,22 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+# where a launch writes and what it resumes from, and the library versions stored beside the config:
+# they belong to one launch, not to the run's settings
+LAUNCH_KEYS = {"output_dir", "resume", "versions"}
+
+
+def changed_settings(before: dict[str, Any], after: dict[str, Any], prefix: str = "") -> list[str]:
+    """``key: old -> new`` for every setting that differs between two dumped configs, nested keys
+    dotted (``trainer.mu: 1 -> 2``). A resumed run goes on under the settings it is launched with,
+    which need not be the ones it started with; this says which ones moved."""
+    changes = []
+    for key in sorted((before.keys() | after.keys()) - (LAUNCH_KEYS if not prefix else set())):
+        old, new = before.get(key), after.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += changed_settings(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changes.append(f"{prefix}{key}: {old!r} -> {new!r}")
+    return changes

@@ -36,7 +36,7 @@ from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
 from trainer.batch import (StepBatch, chunk_seed, concat, generation_chunks, rollout_on_cpu, shrink_counts,
                            varied_groups)
-from trainer.config import ConfigError, PalestraConfig
+from trainer.config import ConfigError, PalestraConfig, changed_settings
 from trainer.evaluate import Hits, evaluate, format_eval, heldout_tasks, paired_gain_interval, summarise
 from trainer.health import HealthMonitor
 from trainer.losses import grpo_loss, group_advantages
@@ -54,6 +54,7 @@ class GRPORecipe:
         self.cfg = cfg
         self.output_dir = Path(cfg.output_dir)
         self.start_step = 0
+        self.resumed_changes: list[str] = []  # settings a resume launched with, where they differ from the run's start
         self.pool: VerifierPool | None = None
         self.logger: MetricsLogger | None = None
         self.store: StatsStore | None = None
@@ -116,6 +117,9 @@ class GRPORecipe:
             self.tasks.selector = self._selector()
         self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.table_every)
                        if self.world.is_main else distributed.QuietLogger())
+        if self.resumed_changes:
+            self.logger.write(f"resuming run {self.run_id} at step {self.start_step} with settings changed since it "
+                              f"started: {'; '.join(self.resumed_changes)}")
 
     def _selector(self) -> PromptSelector:
         return PromptSelector(self.cfg.selection, seed=self.cfg.seed, store=self.store, run_id=self.run_id)
@@ -129,11 +133,12 @@ class GRPORecipe:
             return
         assert self.store is not None
         try:
-            self.store.run(state["run_id"])
+            started = self.store.run(state["run_id"])["config"]
         except KeyError:
             raise ConfigError(f"resume: {path} is of run {state['run_id']}, which is not in the store "
                               f"{self.store.safe_url}; set store.url to the run's database") from None
         self.run_id = state["run_id"]
+        self.resumed_changes = changed_settings(started or {}, self.cfg.model_dump(mode="json"))
         # Steps after the checkpoint are redone; their rows must not count twice. Steps the store
         # could not take before the checkpoint travel in it and are written now.
         self.store.discard_after(self.run_id, self.start_step)
