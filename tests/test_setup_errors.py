@@ -12,7 +12,8 @@ import pytest
 from curriculum.store import StatsStore, StoreUnavailable
 from domains.registry import DomainError
 from trainer.app import run
-from trainer.config import ConfigError, validate_config
+from trainer.config import ConfigError, ModelConfig, validate_config
+from trainer.models import check_model_source
 
 BROKEN_PLUGIN = '''
 from domains import Domain, Task, VerifyResult, user_prompt
@@ -77,6 +78,8 @@ def test_a_users_model_folder_that_is_missing_or_empty_is_a_config_error(tmp_pat
     with pytest.raises(ConfigError, match=rf"^model\.name_or_path: {untokenized} has no tokenizer \(none of "):
         run(config(tmp_path, model={"type": "hf", "name_or_path": str(untokenized)}))
     assert not (tmp_path / "run").exists()  # refused before the run folder or its store was written
+    (untokenized / "qwen.tiktoken").write_text("")  # a tokenizer of another kind: no longer refused as missing
+    check_model_source(ModelConfig(type="hf", name_or_path=str(untokenized)))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
