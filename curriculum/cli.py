@@ -152,7 +152,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"run {report.run_id}: re-verified {report.checked} results, {len(report.mismatches)} mismatches"
               + (f", {report.missing_tasks} without a stored task" if report.missing_tasks else "")
               + (f", {report.unreadable} stored damaged" if report.unreadable else "")
-              + (f", {report.unscored} the verifier could not judge" if report.unscored else ""))
+              + (f", {report.unscored} results the verifier could not judge" if report.unscored else ""))
         for domain, count in report.unknown_domains.items():
             print(f"  {count} results of domain {domain!r}, which the run's config does not name, were not checked")
         for domain, change in report.version_changes.items():
@@ -264,7 +264,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     unscored = [v.result for v in verdicts if not v.result.scored]
     if unscored:  # a reward of 0 from a verifier that could not judge is no verdict on the completion
         print(f"error: {len(unscored)} of {len(verdicts)} completions were not scored: "
-              f"{unscored[0].details['message']}", file=sys.stderr)
+              f"{unscored[0].details.get('message', '')}", file=sys.stderr)
         return 1
     return 0
 

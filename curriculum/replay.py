@@ -35,13 +35,13 @@ class ReplayReport:
     missing_tasks: int = 0  # results whose task is not in the store
     unreadable: int = 0  # results whose completion or task is stored damaged
     unknown_domains: dict[str, int] = field(default_factory=dict)  # results of domains not in the run's config
-    unscored: int = 0  # results the verifier could not judge this time (e.g. no code sandbox here)
+    unscored: int = 0  # re-verified results the verifier could not judge (e.g. no code sandbox here)
     version_changes: dict[str, str] = field(default_factory=dict)  # domain -> "stored -> now"
     mismatches: list[Mismatch] = field(default_factory=list)
 
     @property
     def unchecked(self) -> int:
-        return self.missing_tasks + self.unreadable + self.unscored + sum(self.unknown_domains.values())
+        return self.missing_tasks + self.unreadable + sum(self.unknown_domains.values())
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "mismatches": [asdict(m) for m in self.mismatches]}
@@ -76,11 +76,11 @@ def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int
         verdicts = pool.verify_many([(task, row["completion"]) for row, task in checkable])
         pool.raise_if_broken()  # not a report of every row as a mismatch
     for (row, _), verdict in zip(checkable, verdicts):
-        result = verdict.result
-        if not result.scored:  # no verdict to compare: not a mismatch, and not checked either
-            report.unscored += 1
-            continue
         report.checked += 1
+        result = verdict.result
+        # compared all the same: a stored error that fails again matches, and a stored verdict the
+        # verifier cannot give now is a mismatch; the count says how many mismatches may be this machine's
+        report.unscored += not result.scored
         if abs(result.reward - row["reward"]) > 1e-9 or result.status.value != row["status"]:
             report.mismatches.append(Mismatch(row["step"], row["domain"], row["task_id"], row["reward"],
                                               result.reward, row["status"], result.status.value))

@@ -73,11 +73,11 @@ class VerifyResult:
         return cls(reward=0.0, correct=False, status=status, details={"message": message[:500], **details})
 
     @classmethod
-    def unscored(cls, message: str) -> "VerifyResult":
+    def no_verdict(cls, message: str, **details: Any) -> "VerifyResult":
         """The verifier could not judge the completion (it raised, its worker died, its sandbox is
         missing): ``status=error`` and reward 0 like any failure, flagged so that a caller can tell
         it from a verdict on the completion (``palestra verify`` exits 1 on one)."""
-        return cls.failure(Status.ERROR, message, unscored=True)
+        return cls.failure(Status.ERROR, message, unscored=True, **details)
 
     @property
     def scored(self) -> bool:

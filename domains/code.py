@@ -203,6 +203,11 @@ class _Outcome:
         self.status: Status | None = None  # set when the run itself failed (timeout, crash, ...)
         self.message = ""
         self.first_failure: dict[str, Any] | None = None
+        self.judged = True  # False when the tests themselves could not be run (not the program's fault)
+
+    def cannot_judge(self, case_input: Any, why: str) -> None:
+        self.fail(case_input, why, Status.ERROR)
+        self.judged = False
 
     def fail(self, case_input: Any, why: str, status: Status = Status.WRONG) -> None:
         if self.first_failure is None:
@@ -218,6 +223,8 @@ class _Outcome:
         reward = (1.0 if all_pass else 0.0) if mode == "all_pass" else self.passed / max(1, self.total)
         if all_pass:
             return VerifyResult(1.0, True, Status.OK, details)
+        if not self.judged:
+            return VerifyResult.no_verdict(self.message, **details)
         status = self.status or Status.WRONG
         return VerifyResult(reward, False, status, {**details, "message": self.message[:300]} if self.message else details)
 
@@ -325,7 +332,7 @@ def run_call_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _O
             _process_failure(caller.proc, outcome, case["args"])
             return outcome
         if kind == "unsendable":
-            outcome.fail(case["args"], "test arguments are not plain data", Status.ERROR)
+            outcome.cannot_judge(case["args"], "test arguments are not plain data")
             break
         if kind == "forged":
             outcome.fail(case["args"], "garbage on the result channel", Status.SANDBOX_VIOLATION)
@@ -391,6 +398,19 @@ def _strict(value: Any) -> Any:
     return value
 
 
+def _plain(value: Any) -> Any:
+    """``_strict`` undone, for a value check() passes back to the candidate: the channel takes plain data only."""
+    if isinstance(value, _StrictBool):
+        return bool(value)
+    if isinstance(value, _StrictInt):
+        return int(value)
+    if isinstance(value, (list, tuple, set)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    return value
+
+
 class _StopCheck(BaseException):
     """First failed assert in all-pass mode: the rest of check() cannot change the reward."""
 
@@ -424,7 +444,7 @@ def run_humaneval(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Ou
 
     def candidate(*args: Any) -> Any:
         last_args[:] = [args]
-        kind, value = caller.call(list(args))
+        kind, value = caller.call([_plain(arg) for arg in args])  # check() may pass back what it got
         if kind == "value":
             return _strict(value)
         if kind == "raised":
@@ -457,7 +477,7 @@ def run_humaneval(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Ou
             _process_failure(caller.proc, outcome, last_input())
             return outcome
         if str(abort) == "unsendable":
-            outcome.fail(last_input(), "check() passed arguments that are not plain data", Status.ERROR)
+            outcome.cannot_judge(last_input(), "check() passed arguments that are not plain data")
         else:
             outcome.fail(last_input(), "garbage on the result channel", Status.SANDBOX_VIOLATION)
     except Exception as exc:  # outside any assert: e.g. ``solution = candidate(...)`` raised
@@ -522,7 +542,7 @@ def verify_code(config: CodeConfig, payload: dict[str, Any], completion: str) ->
             if str(exc) not in _REFUSALS_LOGGED:  # every verdict says why; the log says it once per process
                 _REFUSALS_LOGGED.add(str(exc))
                 log.error("code sandbox unavailable, refusing to score code: %s", exc)
-            return VerifyResult.unscored(
+            return VerifyResult.no_verdict(
                 f"refusing to score code: {exc} (set unsafe_no_sandbox: true to run it unisolated)"
             )
     code = assemble(completion, payload)

@@ -302,7 +302,7 @@ def grade_answer(completion: str, gold: str, config: MathConfig | None = None) -
 def _grade_extracted(found: Extraction, gold: str, config: MathConfig, timeout_s: int | None) -> VerifyResult:
     gold_parsed = parse_gold(gold, timeout_s) if braces_balanced(gold) else ()
     if not gold_parsed:  # the data is broken, not the model: an error, counted apart from wrong
-        return VerifyResult.unscored(f"gold answer {gold[:DETAIL_CHARS]!r} could not be parsed")
+        return VerifyResult.no_verdict(f"gold answer {gold[:DETAIL_CHARS]!r} could not be parsed")
     if found.answer is None:  # require_boxed=False and no box: math-verify's own extraction
         pred = _parse(found.region, timeout_s, boxed_only=False)
         answer_text = str(pred[-1]) if pred else ""

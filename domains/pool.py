@@ -39,15 +39,15 @@ def verify_guarded(domain: Domain, task: Task, completion: str) -> VerifyResult:
     try:
         result = domain.verify(task, completion)
     except Exception as exc:  # a verifier bug must not crash training
-        return VerifyResult.unscored(f"verifier raised {type(exc).__name__}: {exc}")
+        return VerifyResult.no_verdict(f"verifier raised {type(exc).__name__}: {exc}")
     if not isinstance(result, VerifyResult):
-        return VerifyResult.unscored(f"verifier returned {type(result).__name__}, not VerifyResult")
+        return VerifyResult.no_verdict(f"verifier returned {type(result).__name__}, not VerifyResult")
     try:
         reward = float(result.reward)  # numpy and torch scalars too
     except (TypeError, ValueError):
         reward = math.nan
     if not math.isfinite(reward):  # a NaN would poison every advantage of its group
-        return VerifyResult.unscored(f"verifier returned the reward {result.reward!r}, not a finite number")
+        return VerifyResult.no_verdict(f"verifier returned the reward {result.reward!r}, not a finite number")
     return dataclasses.replace(result, reward=reward)
 
 
@@ -85,7 +85,7 @@ def _worker_main(conn: Connection, domains: dict[str, Domain]) -> None:
         try:
             conn.send((job_id, result, time.perf_counter() - start))
         except Exception as exc:  # e.g. unpicklable details
-            conn.send((job_id, VerifyResult.unscored(f"result not sendable: {exc}"), 0.0))
+            conn.send((job_id, VerifyResult.no_verdict(f"result not sendable: {exc}"), 0.0))
 
 
 @dataclass
@@ -189,7 +189,7 @@ class QueuedPool(ABC):
             pending = list(self._queue)
             self._queue.clear()
         for job in pending + self._running_jobs():
-            resolve_once(job, Verdict(VerifyResult.unscored(message), 0.0))
+            resolve_once(job, Verdict(VerifyResult.no_verdict(message), 0.0))
 
     def close(self) -> None:
         if self._closed:
@@ -206,7 +206,7 @@ class QueuedPool(ABC):
         future: Future = Future()
         if domain is None or self.broken:
             message = self.broken or f"unknown domain {task.domain!r}"
-            future.set_result(Verdict(VerifyResult.unscored(message), 0.0))
+            future.set_result(Verdict(VerifyResult.no_verdict(message), 0.0))
             return future
         job = _Job(next(self._ids), task.domain, task, completion, future, domain.config.verify_timeout_s)
         with self._lock:
@@ -303,7 +303,7 @@ class VerifierPool(QueuedPool):
             _, result, latency = worker.conn.recv()
             verdict = Verdict(result, latency)
         except (EOFError, OSError):  # the worker crashed (segfault, os._exit in a verifier, ...)
-            verdict = Verdict(VerifyResult.unscored("verifier worker died"), time.monotonic() - worker.started)
+            verdict = Verdict(VerifyResult.no_verdict("verifier worker died"), time.monotonic() - worker.started)
             self._replace(self._workers.index(worker))
         else:
             worker.job = None

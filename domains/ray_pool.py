@@ -75,7 +75,7 @@ class VerifierWorker:
         try:
             return pickle.dumps((result, latency))
         except Exception as exc:  # e.g. unpicklable details
-            return pickle.dumps((VerifyResult.unscored(f"result not sendable: {exc}"), 0.0))
+            return pickle.dumps((VerifyResult.no_verdict(f"result not sendable: {exc}"), 0.0))
 
 
 # max_restarts=0: a dead actor is replaced by the pool (and counted), never revived behind its back.
@@ -246,10 +246,10 @@ class RayVerifierPool(QueuedPool):
             result, latency = pickle.loads(ray.get(ref))
             verdict = Verdict(result, latency)
         except RayActorError:  # the actor died mid-call (segfault, os._exit or sys.exit in a verifier, ...)
-            verdict = Verdict(VerifyResult.unscored("verifier worker died"), time.monotonic() - actor.started)
+            verdict = Verdict(VerifyResult.no_verdict("verifier worker died"), time.monotonic() - actor.started)
             self._replace(actor)
         except Exception as exc:  # the call failed in Ray, or the result does not unpickle here
-            verdict = Verdict(VerifyResult.unscored(f"verifier call failed: {_last_line(exc)}"), 0.0)
+            verdict = Verdict(VerifyResult.no_verdict(f"verifier call failed: {_last_line(exc)}"), 0.0)
         resolve_once(job, verdict)
 
     def _enforce_deadlines(self) -> None:

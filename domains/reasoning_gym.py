@@ -366,27 +366,40 @@ class ReasoningGymDomain(Domain):
         from reasoning_gym.utils import extract_answer  # noqa: F401
 
     def verify(self, task: Task, completion: str) -> VerifyResult:
-        try:
-            return self._verify(task, completion)
-        except Exception as exc:  # a scorer bug is this task's error, never the trainer's
-            return VerifyResult.unscored(f"scorer raised {type(exc).__name__}: {one_line(exc)}")
-
-    def _verify(self, task: Task, completion: str) -> VerifyResult:
         answer, problem = extract(completion, self.config.require_answer_tag)
         if answer is None:
             return VerifyResult.failure(Status.FORMAT_ERROR, problem)
-        score_answer = SCORER_FIXES.get(self.dataset)
-        if score_answer is None:
-            score_answer = self._scorer(task.payload.get("curriculum_level")).score_answer
-        with _quiet():
-            score = float(score_answer(answer, self._entry(task.payload)))
+        try:  # rebuilding the task's entry or its dataset fails on the task's side: no verdict
+            score_answer = SCORER_FIXES.get(self.dataset) or self._scorer(task.payload.get("curriculum_level")).score_answer
+            entry = self._entry(task.payload)
+        except Exception as exc:
+            return VerifyResult.no_verdict(f"task could not be rebuilt: {type(exc).__name__}: {one_line(exc)}")
+        try:
+            with _quiet():
+                score = float(score_answer(answer, entry))
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {one_line(exc)}"
+            if self._scores_its_own_answer(score_answer, entry):  # int("2 x 3 x"): this answer's error
+                return VerifyResult.failure(Status.ERROR, message)
+            return VerifyResult.no_verdict(f"the scorer fails on the task's own answer too: {message}")
         if not math.isfinite(score):
-            return VerifyResult.unscored(f"score_answer returned {score}")
+            return VerifyResult.failure(Status.ERROR, f"score_answer returned {score}")
         score = min(1.0, max(0.0, score))
         correct = score >= 1.0 - 1e-9
         reward = score if self.config.partial_credit else float(correct)
         return VerifyResult(reward=reward, correct=correct, status=Status.OK if correct else Status.WRONG,
                             details={"answer": answer[:DETAIL_CHARS], "score": score})
+
+    @staticmethod
+    def _scores_its_own_answer(score_answer: Any, entry: dict[str, Any]) -> bool:
+        """Whether the scorer gets through the entry's own answer: tells an answer the scorer
+        cannot take from an entry it cannot score at all."""
+        try:
+            with _quiet():
+                score_answer(str(entry["answer"]), entry)
+        except Exception:
+            return False
+        return True
 
     def _config_at(self, curriculum_level: int | None) -> Any:
         for level, config in self._all_levels:

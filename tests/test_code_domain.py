@@ -266,6 +266,17 @@ def test_check_code_with_unsendable_arguments_is_an_error(dataset):
     row = {**HUMANEVAL_ROWS[2], "test": "def check(candidate):\n    assert candidate(lambda: 1) == 1\n"}
     result = dataset.verify(dataset.task_from_row(row), HUMANEVAL_ROWS[2]["canonical_solution"])
     assert result.status is Status.ERROR and "not plain data" in result.details["message"]
+    assert not result.scored  # the test could not be run: no verdict on the solution
+
+
+def test_check_code_may_pass_the_candidates_results_back_to_it(dataset):
+    # what the candidate returns is wrapped (1 == True must not hold); passed back, it travels plain
+    row = {"task_id": "Test/back", "prompt": "def step(x):\n", "canonical_solution": "    return x + 1\n",
+           "test": "def check(candidate):\n    assert candidate(candidate(1)) == 3\n"
+                   "    assert candidate([candidate(0)][0]) == 2\n",
+           "entry_point": "step"}
+    result = dataset.verify(dataset.task_from_row(row), row["canonical_solution"])
+    assert (result.reward, result.status, result.details["passed"]) == (1.0, Status.OK, 2), result
 
 
 def test_a_bad_row_names_its_line(tmp_path):

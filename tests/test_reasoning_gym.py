@@ -202,6 +202,15 @@ def test_malformed_completions_score_zero_on_other_datasets():
             assert result.status in (Status.FORMAT_ERROR, Status.WRONG, Status.ERROR)
 
 
+def test_a_scorer_that_raises_on_the_models_answer_is_a_verdict_on_that_answer():
+    factors = load("rg_prime_factorization")
+    task = factors.sample(1, 1, random.Random(0))[0]
+    for answer in ("abc", "2 x 3 x"):  # int() of a factor that is not a number raises in the scorer
+        result = factors.verify(task, f"<answer>{answer}</answer>")
+        assert (result.status, result.reward, result.scored) == (Status.ERROR, 0.0, True), result
+    assert factors.verify(task, factors.reference(task)).correct
+
+
 def test_a_scorer_that_raises_becomes_status_error():
     sudoku = load("rg_sudoku")
     task = sudoku.sample(1, 1, random.Random(0))[0]
@@ -210,6 +219,7 @@ def test_a_scorer_that_raises_becomes_status_error():
     for result in (sudoku.verify(broken, sudoku.reference(task)), verify_guarded(sudoku, broken, "<answer>1</answer>")):
         assert (result.status, result.reward, result.correct) == (Status.ERROR, 0.0, False)
         assert "KeyError" in result.details["message"]
+        assert not result.scored  # the scorer fails on the task's own answer too: no verdict on this one
     elsewhere = Task(task.domain, task.level, task.prompt, {**task.payload, "curriculum_level": 999})
     assert sudoku.verify(elsewhere, sudoku.reference(task)).status is Status.ERROR
     assert sudoku.verify(Task(task.domain, 1, task.prompt, {}), "<answer>1</answer>").status is Status.ERROR

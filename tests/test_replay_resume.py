@@ -71,7 +71,7 @@ def test_replay_counts_damaged_rows_and_unknown_domains_and_checks_the_rest(tmp_
     assert report["checked"] == 16 - 3 - with_damaged_task and report["mismatches"] == []
 
 
-def test_replay_without_a_sandbox_counts_code_it_could_not_judge_not_mismatches(tmp_path, capsys):
+def test_replay_without_a_sandbox_counts_the_code_it_could_not_judge(tmp_path, capsys):
     from sqlalchemy import update
 
     from curriculum.schema import RunRow
@@ -83,9 +83,13 @@ def test_replay_without_a_sandbox_counts_code_it_could_not_judge_not_mismatches(
                   "domain_options": {"code_functions": {"sandbox": {"bwrap": "/nonexistent/bwrap"}}}}
         conn.execute(update(RunRow).where(RunRow.id == summary["run_id"]).values(config=config))
     capsys.readouterr()
+    with StatsStore(url) as store:
+        stored_errors = sum(r["status"] == "error" for r in store.results(summary["run_id"]))
     assert cli(["replay", "--db", url, "--run", summary["run_id"], "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert (report["unscored"], report["checked"], report["mismatches"]) == (16, 0, [])
+    assert (report["checked"], report["unscored"]) == (16, 16)
+    assert len(report["mismatches"]) == 16 - stored_errors > 0  # a stored error that fails again still matches
+    assert {m["replayed_status"] for m in report["mismatches"]} == {"error"}
 
 
 def test_replay_flags_a_nondeterministic_verifier(tmp_path, capsys):
@@ -203,7 +207,7 @@ def test_a_resume_with_another_heldout_evaluation_finishes_without_pairing_them(
         assert store.run(resumed["run_id"])["status"] == "finished"
 
 
-def test_resume_by_checkpoint_path_from_a_new_folder_continues_the_run_in_its_own(tmp_path):
+def test_resume_by_checkpoint_path_from_a_new_folder_continues_the_run_in_its_own(tmp_path, capsys):
     # Hydra stamps every launch with a new output folder: a resume names the checkpoint and must go
     # on with that run's store, SFT anchor (the KL reference) and metrics, not start over beside them
     with_kl = {**tiny(tmp_path, [], steps=2)["trainer"], "beta": 0.1}
@@ -222,8 +226,11 @@ def test_resume_by_checkpoint_path_from_a_new_folder_continues_the_run_in_its_ow
         assert recipe.resumed_changes == ["checkpoint.every: 1 -> 0", "trainer.steps: 2 -> 3"]
     finally:
         recipe.cleanup("interrupted")
+    capsys.readouterr()
     resumed = run(validate_config(later))
     assert resumed["run_id"] == first["run_id"]
+    assert (f"resuming run {first['run_id']} at step 2 with settings changed since it started: "
+            "checkpoint.every: 1 -> 0; trainer.steps: 2 -> 3\n") in capsys.readouterr().out
     with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
         assert store.run(resumed["run_id"])["status"] == "finished"
         per_step = {s: sum(r["step"] == s for r in store.results(resumed["run_id"])) for s in (1, 2, 3)}

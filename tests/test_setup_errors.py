@@ -8,12 +8,13 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from curriculum.store import StatsStore, StoreUnavailable
 from domains.registry import DomainError
 from trainer.app import run
 from trainer.config import ConfigError, ModelConfig, validate_config
-from trainer.models import check_model_source
+from trainer.models import load_policy
 
 BROKEN_PLUGIN = '''
 from domains import Domain, Task, VerifyResult, user_prompt
@@ -78,8 +79,18 @@ def test_a_users_model_folder_that_is_missing_or_empty_is_a_config_error(tmp_pat
     with pytest.raises(ConfigError, match=rf"^model\.name_or_path: {untokenized} has no tokenizer \(none of "):
         run(config(tmp_path, model={"type": "hf", "name_or_path": str(untokenized)}))
     assert not (tmp_path / "run").exists()  # refused before the run folder or its store was written
-    (untokenized / "qwen.tiktoken").write_text("")  # a tokenizer of another kind: no longer refused as missing
-    check_model_source(ModelConfig(type="hf", name_or_path=str(untokenized)))
+
+
+def test_a_model_folder_whose_tokenizer_has_no_vocabulary_is_a_config_error(tmp_path):
+    from transformers import Qwen2Config
+
+    folder = tmp_path / "vocabless"
+    Qwen2Config(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                intermediate_size=32).save_pretrained(folder)
+    (folder / "tokenizer_config.json").write_text("{}")  # transformers builds a tokenizer of one token from this
+    with pytest.raises(ConfigError, match=rf"^model\.name_or_path: cannot load {folder}: its tokenizer encodes "
+                                          r"text to no tokens"):
+        load_policy(str(folder), ModelConfig(type="hf", name_or_path=str(folder)), torch.device("cpu"))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -41,7 +41,7 @@ def test_a_discarded_group_stores_zero_and_its_refill_the_trained_advantages():
 
 def test_domain_metrics_count_what_the_verifier_could_not_judge_apart_from_wrong_answers():
     batch = _batch([[1.0, 0.0], [0.0, 0.0]])
-    batch.verdicts[1] = Verdict(VerifyResult.unscored("verifier worker died"), 0.0)
+    batch.verdicts[1] = Verdict(VerifyResult.no_verdict("verifier worker died"), 0.0)
     batch.verdicts[2] = Verdict(VerifyResult.failure(Status.ERROR, "program exited (code 3)"), 0.0)
     stats = domain_metrics(batch.tasks, batch.verdicts, G, [batch])["arithmetic"]
     assert (stats["errors"], stats["unscored"], stats["format_errors"]) == (2, 1, 0)

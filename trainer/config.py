@@ -10,6 +10,8 @@ import difflib
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig, describe_error
 from domains.backend import VerifierConfig
@@ -217,9 +219,9 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
-# where a launch writes and what it resumes from, and the library versions stored beside the config:
-# they belong to one launch, not to the run's settings
-LAUNCH_KEYS = {"output_dir", "resume", "versions"}
+# where a launch writes and what it resumes from: they belong to one launch, not to the run's settings
+LAUNCH_KEYS = {"output_dir", "resume"}
+_ABSENT = object()  # a setting one of two configs lacks (added by an upgrade, say)
 
 
 def changed_settings(before: dict[str, Any], after: dict[str, Any], prefix: str = "") -> list[str]:
@@ -228,9 +230,20 @@ def changed_settings(before: dict[str, Any], after: dict[str, Any], prefix: str 
     which need not be the ones it started with; this says which ones moved."""
     changes = []
     for key in sorted((before.keys() | after.keys()) - (LAUNCH_KEYS if not prefix else set())):
-        old, new = before.get(key), after.get(key)
-        if isinstance(old, dict) and isinstance(new, dict):
-            changes += changed_settings(old, new, f"{prefix}{key}.")
+        old, new = before.get(key, _ABSENT), after.get(key, _ABSENT)
+        if all(isinstance(v, dict) or v is _ABSENT for v in (old, new)):  # a section: name its settings
+            changes += changed_settings(*(v if isinstance(v, dict) else {} for v in (old, new)), f"{prefix}{key}.")
         elif old != new:
-            changes.append(f"{prefix}{key}: {old!r} -> {new!r}")
+            changes.append(f"{prefix}{key}: {_shown(prefix + key, old)} -> {_shown(prefix + key, new)}")
     return changes
+
+
+def _shown(key: str, value: Any) -> str:
+    if value is _ABSENT:
+        return "(absent)"
+    if key == "store.url" and value:  # a server password stays out of the console
+        try:
+            return repr(make_url(value).render_as_string(hide_password=True))
+        except ArgumentError:
+            return "'(unreadable URL)'"
+    return repr(value)

@@ -138,7 +138,9 @@ class GRPORecipe:
             raise ConfigError(f"resume: {path} is of run {state['run_id']}, which is not in the store "
                               f"{self.store.safe_url}; set store.url to the run's database") from None
         self.run_id = state["run_id"]
-        self.resumed_changes = changed_settings(started or {}, self.cfg.model_dump(mode="json"))
+        if started:  # with the library versions stored beside the settings: an upgrade is a change too
+            self.resumed_changes = changed_settings(started, {**self.cfg.model_dump(mode="json"),
+                                                              "versions": library_versions()})
         # Steps after the checkpoint are redone; their rows must not count twice. Steps the store
         # could not take before the checkpoint travel in it and are written now.
         self.store.discard_after(self.run_id, self.start_step)

@@ -30,10 +30,7 @@ def model_path(cfg: ModelConfig, output_dir: Path, seed: int) -> str:
     return str(folder) if folder.is_dir() else cfg.name_or_path  # transformers does not expand ~
 
 
-# what a saved tokenizer leaves in its folder: the fast tokenizer's file, the config, a SentencePiece
-# model (tokenizer.model, or spiece.model for T5), a BPE vocabulary, Mistral's tekken, tiktoken files
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json",
-                   "tekken.json", "*.tiktoken")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def check_model_source(cfg: ModelConfig) -> None:
@@ -44,7 +41,7 @@ def check_model_source(cfg: ModelConfig) -> None:
     folder = Path(cfg.name_or_path).expanduser()
     if folder.is_dir() and not (folder / "config.json").is_file():
         raise ConfigError(f"model.name_or_path: {cfg.name_or_path} has no config.json (not a Hugging Face model folder)")
-    if folder.is_dir() and not any(path.is_file() for name in TOKENIZER_FILES for path in folder.glob(name)):
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
         # transformers would build an empty tokenizer that encodes every prompt to nothing
         raise ConfigError(f"model.name_or_path: {cfg.name_or_path} has no tokenizer "
                           f"(none of {', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model")
@@ -83,6 +80,8 @@ def load_tokenizer(path: str, tiny: bool) -> PreTrainedTokenizerBase:
     # character-level pre-tokenizer. Folders that declare a plain fast tokenizer load as one.
     plain = tiny or _declared_tokenizer_class(path) in ("PreTrainedTokenizerFast", "TokenizersBackend")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path) if plain else AutoTokenizer.from_pretrained(path)
+    if not tokenizer.encode("Solve 1+1."):  # what transformers builds when it finds a config but no vocabulary
+        raise ValueError(f"its tokenizer encodes text to no tokens (no vocabulary found in {path})")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
