@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 from sqlalchemy import delete, func, insert, inspect, select, update
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 
 from curriculum.schema import (
@@ -72,6 +73,18 @@ def _redacted(url: str) -> str:
     head, _, host = url.rpartition("@")
     scheme = head.split("://", 1)[0] + "://" if "://" in head else ""
     return f"{scheme}***@{host}"
+
+
+def without_password(config: dict) -> dict:
+    """A run's config as it is stored: a server password in ``store.url`` shows as ***."""
+    url = (config.get("store") or {}).get("url")
+    if not url:
+        return config
+    try:
+        shown = make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        shown = _redacted(url)
+    return {**config, "store": {**config["store"], "url": shown}}
 
 
 def _now() -> datetime:
@@ -195,7 +208,7 @@ class StatsStore:
     # -- runs ---------------------------------------------------------------------------------
     def start_run(self, name: str, config: dict, seed: int, sweep_id: str | None = None) -> str:
         run_id = str(uuid.uuid4())
-        row = dict(id=run_id, name=name, sweep_id=sweep_id, config=config, seed=int(seed),
+        row = dict(id=run_id, name=name, sweep_id=sweep_id, config=without_password(config), seed=int(seed),
                    status="running", started_at=_now(), finished_at=None, last_step=-1)
 
         def insert_run() -> None:

@@ -197,3 +197,13 @@ def test_a_store_that_cannot_be_opened_is_one_line_naming_it_without_its_passwor
                                                r"connection failed") as info:
         StatsStore("postgresql+psycopg://u:secret@127.0.0.1:1/x")  # nothing listens on port 1
     assert "secret" not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_run_is_stored_without_the_password_in_its_store_url(tmp_path):
+    with StatsStore(f"sqlite:///{tmp_path / 'x.db'}") as store:
+        config = {"seed": 1, "store": {"url": "postgresql+psycopg://me:secret@db:5432/runs"}}
+        run_id = store.start_run("demo", config, seed=1)
+        assert store.run(run_id)["config"] == {"seed": 1, "store": {"url": "postgresql+psycopg://me:***@db:5432/runs"}}
+        mistyped = store.start_run("demo", {"store": {"url": "postgres ql://me:secret@db"}}, seed=1)
+        assert store.run(mistyped)["config"]["store"]["url"] == "postgres ql://***@db"
+        assert config["store"]["url"].endswith("secret@db:5432/runs")  # the caller's config is left as it was

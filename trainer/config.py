@@ -10,8 +10,6 @@ import difflib
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig, describe_error
 from domains.backend import VerifierConfig
@@ -234,16 +232,9 @@ def changed_settings(before: dict[str, Any], after: dict[str, Any], prefix: str 
         if all(isinstance(v, dict) or v is _ABSENT for v in (old, new)):  # a section: name its settings
             changes += changed_settings(*(v if isinstance(v, dict) else {} for v in (old, new)), f"{prefix}{key}.")
         elif old != new:
-            changes.append(f"{prefix}{key}: {_shown(prefix + key, old)} -> {_shown(prefix + key, new)}")
+            changes.append(f"{prefix}{key}: {_shown(old)} -> {_shown(new)}")
     return changes
 
 
-def _shown(key: str, value: Any) -> str:
-    if value is _ABSENT:
-        return "(absent)"
-    if key == "store.url" and value:  # a server password stays out of the console
-        try:
-            return repr(make_url(value).render_as_string(hide_password=True))
-        except ArgumentError:
-            return "'(unreadable URL)'"
-    return repr(value)
+def _shown(value: Any) -> str:
+    return "(absent)" if value is _ABSENT else repr(value)

@@ -27,7 +27,7 @@ from curriculum.compare import DEFAULT_MASTERY, heldout_metrics
 from curriculum.config import check_against_domains
 from curriculum.prompts import PromptSelector
 from curriculum.scheduler import Scheduler, StepWriteFailed
-from curriculum.store import StatsStore, StoreUnavailable
+from curriculum.store import StatsStore, StoreUnavailable, without_password
 from curriculum.types import Plan
 from domains.api import Task, one_line
 from domains.backend import make_pool
@@ -139,8 +139,8 @@ class GRPORecipe:
                               f"{self.store.safe_url}; set store.url to the run's database") from None
         self.run_id = state["run_id"]
         if started:  # with the library versions stored beside the settings: an upgrade is a change too
-            self.resumed_changes = changed_settings(started, {**self.cfg.model_dump(mode="json"),
-                                                              "versions": library_versions()})
+            now = {**self.cfg.model_dump(mode="json"), "versions": library_versions()}
+            self.resumed_changes = changed_settings(started, without_password(now))  # stored without it
         # Steps after the checkpoint are redone; their rows must not count twice. Steps the store
         # could not take before the checkpoint travel in it and are written now.
         self.store.discard_after(self.run_id, self.start_step)
