@@ -107,3 +107,16 @@ def test_token_logprobs_matches_log_softmax():
     logits = torch.tensor([[[2.0, 0.0, 0.0]]])
     # log softmax of [2, 0, 0] at index 0: 2 - log(e^2 + 2) = -0.2395
     assert_close(token_logprobs(logits, torch.tensor([[0]])), torch.tensor([[2 - math.log(math.e**2 + 2)]]))
+
+
+def test_the_lr_schedule_warms_up_then_holds_or_decays_to_zero_at_the_last_step():
+    from trainer.schedule import lr_factor
+
+    # 10 updates, 2 of warm-up: factors after 0..9 earlier updates
+    assert [lr_factor(s, 2, 10, "constant") for s in range(10)] == [0.5] + [1.0] * 9
+    # linear: 1 from the end of warm-up, then down by 1/8 an update, 1/8 left for the last one
+    assert [lr_factor(s, 2, 10, "linear") for s in range(10)] == pytest.approx([0.5, 1.0] + [1 - k / 8 for k in range(8)])
+    cosine = [lr_factor(s, 2, 10, "cosine") for s in range(10)]
+    assert cosine[1] == cosine[2] == 1.0 and cosine[6] == pytest.approx(0.5)  # halfway through the decay: half
+    assert all(a > b > 0 for a, b in zip(cosine[2:], cosine[3:]))
+    assert lr_factor(0, 0, 10, "linear") == 1.0 and lr_factor(3, 5, 5, "cosine") == 0.8  # no room to decay

@@ -44,6 +44,7 @@ from trainer.metrics import MetricsLogger
 from trainer.models import check_model_source, check_resumable, load_model, load_policy, model_path, pick_device
 from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate, sequence_logprobs
+from trainer.schedule import lr_factor
 from trainer.sft import reference_pairs, supervised_loss, warm_start, warm_start_counts
 from trainer.tasks import TaskSource
 from trainer.vllm_engine import VLLMEngine
@@ -97,8 +98,9 @@ class GRPORecipe:
         ref_path = str(anchor) if (anchor / "config.json").exists() else path
         self.ref_model = load_model(ref_path, self.device).eval() if cfg.trainer.beta > 0 else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
-        warmup = max(1, cfg.trainer.warmup_steps)
-        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        t = cfg.trainer
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, t.warmup_steps, t.steps, t.lr_decay))
         self.pool = make_pool(self.domains, cfg.verifier)
         self.engine = (VLLMEngine(path, gpu_memory_utilization=cfg.trainer.vllm_gpu_memory_utilization, seed=cfg.seed)
                        if cfg.trainer.rollout_backend == "vllm" else None)
