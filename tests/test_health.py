@@ -91,3 +91,13 @@ def test_console_tables_fit_long_domain_names():
 def test_an_update_that_trained_no_row_raises_no_kl_or_entropy_alarm():
     monitor = HealthMonitor(HealthConfig(kl_max=0.1, entropy_min=0.5))
     assert monitor.after_step({"loss": 0.0, "grad_norm": 0.0, "reward/mean": 1.0}) == []
+
+
+def test_a_domain_whose_verifier_cannot_judge_is_named_once():
+    monitor = HealthMonitor(HealthConfig())
+    step = {"step": 3, "domain/code_lists/unscored": 16, "domain/arithmetic/unscored": 0, "domain/code_lists/errors": 16}
+    assert monitor.after_step(step) == [
+        "the verifier of code_lists could not judge 16 completions of step 3; they count as failures "
+        "(palestra verify says why)"]
+    assert monitor.after_step({**step, "step": 4}) == []  # once per domain: a missing sandbox fails every step
+    assert monitor.after_step({"step": 5, "domain/arithmetic/unscored": 1}) != []

@@ -92,6 +92,17 @@ def test_replay_without_a_sandbox_counts_the_code_it_could_not_judge(tmp_path, c
     assert {m["replayed_status"] for m in report["mismatches"]} == {"error"}
 
 
+def test_training_without_a_sandbox_raises_an_alarm_naming_the_code_domain_once(tmp_path):
+    options = {"code_functions": {"sandbox": {"bwrap": "/nonexistent/bwrap"}}}
+    run(validate_config(tiny(tmp_path, ["code_functions", "arithmetic"], steps=2, domain_options=options)))
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    alarms = [a for r in records if r["phase"] == "alarm" for a in r["alarms"]]
+    assert len(alarms) == 1 and alarms[0].startswith("the verifier of code_functions could not judge"), alarms
+    train = [r for r in records if r["phase"] == "train"]
+    assert all(r["domain/code_functions/unscored"] == r["domain/code_functions/prompts"] * 4 for r in train)
+    assert all(r.get("domain/arithmetic/unscored", 0) == 0 for r in train)
+
+
 def test_replay_flags_a_nondeterministic_verifier(tmp_path, capsys):
     summary = run(validate_config(tiny(tmp_path, ["replay_helpers:COIN"], steps=2)))
     url = f"sqlite:///{tmp_path / 'run' / 'palestra.db'}"

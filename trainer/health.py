@@ -4,7 +4,9 @@
 - forgetting: held-out success falls well below its best so far, whatever the reward does (the
   reward is a poor witness here: the difficulty controller lowers it each time it raises a level);
 - KL to the reference or the policy's entropy leaving configured bounds (collapse or blow-up);
-- a non-finite loss (the update is skipped by the recipe; the alarm says so).
+- a non-finite loss (the update is skipped by the recipe; the alarm says so);
+- a domain whose verifier could not judge some completions (a missing code sandbox, a verifier
+  that raises), which then train as failures: said once per domain, at the first such step.
 Alarms are logged (``alarm/*`` metrics and a console line); they never stop the run.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ class HealthMonitor:
         # (held-out macro, mean training reward then); the reward is None before any training step
         self.last_eval: tuple[float, float | None] | None = None
         self.best_macro: float | None = None
+        self.unjudged_domains: set[str] = set()  # said once each: a missing sandbox would say it every step
 
     def state_dict(self) -> dict:
         return {"rewards": list(self.rewards), "last_eval": self.last_eval, "best_macro": self.best_macro}
@@ -58,6 +61,12 @@ class HealthMonitor:
             alarms.append(f"entropy {entropy:.4f} below {self.cfg.entropy_min}")
         if self.cfg.entropy_max is not None and entropy is not None and entropy > self.cfg.entropy_max:
             alarms.append(f"entropy {entropy:.4f} above {self.cfg.entropy_max}")
+        for key, count in sorted(metrics.items()):
+            domain = key.removeprefix("domain/").removesuffix("/unscored")
+            if key == f"domain/{domain}/unscored" and count and domain not in self.unjudged_domains:
+                self.unjudged_domains.add(domain)
+                alarms.append(f"the verifier of {domain} could not judge {count} completions of step "
+                              f"{metrics.get('step', '?')}; they count as failures (palestra verify says why)")
         if math.isfinite(metrics.get("reward/mean", float("nan"))):
             self.rewards.append(metrics["reward/mean"])
         return alarms
