@@ -119,4 +119,33 @@ def test_the_lr_schedule_warms_up_then_holds_or_decays_to_zero_at_the_last_step(
     cosine = [lr_factor(s, 2, 10, "cosine") for s in range(10)]
     assert cosine[1] == cosine[2] == 1.0 and cosine[6] == pytest.approx(0.5)  # halfway through the decay: half
     assert all(a > b > 0 for a, b in zip(cosine[2:], cosine[3:]))
-    assert lr_factor(0, 0, 10, "linear") == 1.0 and lr_factor(3, 5, 5, "cosine") == 0.8  # no room to decay
+    assert lr_factor(0, 0, 10, "linear") == 1.0 and lr_factor(3, 5, 5, "cosine") == 0.8  # still warming up
+    assert lr_factor(5, 5, 5, "linear") == lr_factor(7, 5, 3, "cosine") == 1.0  # no steps left to decay over
+
+
+def test_a_resumed_schedule_takes_the_configured_rate_and_keeps_its_place():
+    from trainer.schedule import apply_settings, lr_factor
+
+    def optimizer_and_schedule(lr):
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=lr, weight_decay=0.0)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, 2, 10, "linear"))
+
+    optimizer, schedule = optimizer_and_schedule(1e-4)
+    for _ in range(4):  # four updates: the next one's factor is 1 - 2/8 = 0.75
+        optimizer.step()
+        schedule.step()
+    saved = optimizer.state_dict(), schedule.state_dict()
+    same, same_schedule = optimizer_and_schedule(1e-4)
+    same.load_state_dict(saved[0])
+    same_schedule.load_state_dict(saved[1])
+    apply_settings(same, same_schedule, 1e-4, 0.0)
+    assert same.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]  # unchanged settings: the very same rate
+    other, other_schedule = optimizer_and_schedule(1e-4)
+    other.load_state_dict(saved[0])  # loading alone brings back the old rate and weight decay ...
+    other_schedule.load_state_dict(saved[1])
+    apply_settings(other, other_schedule, 3e-4, 0.01)  # ... a resume with new ones applies them
+    assert other.param_groups[0]["lr"] == pytest.approx(3e-4 * 0.75)
+    assert other.param_groups[0]["weight_decay"] == 0.01 and other_schedule.get_last_lr() == [other.param_groups[0]["lr"]]
+    other.step()
+    other_schedule.step()  # and the decay goes on from there: 1 - 3/8
+    assert other.param_groups[0]["lr"] == pytest.approx(3e-4 * 0.625)

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from sqlalchemy import update
 from transformers import AutoModelForCausalLM
 
 from curriculum.cli import main as cli
 from curriculum.replay import replay
+from curriculum.schema import RunRow
 from curriculum.store import StatsStore
 from trainer.app import run
 from trainer.config import ConfigError, validate_config
@@ -224,8 +226,14 @@ def test_resume_by_checkpoint_path_from_a_new_folder_continues_the_run_in_its_ow
     with_kl = {**tiny(tmp_path, [], steps=2)["trainer"], "beta": 0.1}
     first = run(validate_config(tiny(tmp_path, ["arithmetic"], steps=2, checkpoint={"every": 1}, trainer=with_kl)))
     checkpoint = tmp_path / "run" / "checkpoints" / "step-0000002"
-    later = dict(tiny(tmp_path, ["arithmetic"], steps=3, resume=str(checkpoint), trainer={**with_kl, "steps": 3}),
-                 output_dir=str(tmp_path / "later"))
+    with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store, store.engine.begin() as conn:
+        # as a run stored before passwords were hidden holds its store URL
+        started = {**store.run(first["run_id"])["config"], "store": {"url": "postgresql://me:secret@db/runs"}}
+        conn.execute(update(RunRow).where(RunRow.id == first["run_id"]).values(config=started))
+    later = dict(tiny(tmp_path, ["arithmetic"], steps=3, resume=str(checkpoint),
+                      trainer={**with_kl, "steps": 3, "lr": 2e-4}), output_dir=str(tmp_path / "later"))
+    changes = ["checkpoint.every: 1 -> 0", "store.url: 'postgresql://me:***@db/runs' -> None",
+               "trainer.lr: 0.0001 -> 0.0002", "trainer.steps: 2 -> 3"]
     recipe = GRPORecipe(validate_config(later))
     try:
         recipe.setup()
@@ -233,21 +241,25 @@ def test_resume_by_checkpoint_path_from_a_new_folder_continues_the_run_in_its_ow
         assert all(torch.equal(v.cpu(), anchor[k]) for k, v in recipe.ref_model.state_dict().items())
         # the forgetting alarm still measures against the best evaluation before the resume
         assert recipe.health.best_macro == max(first["before"]["eval/macro"], first["after"]["eval/macro"])
-        # what this launch changed is named; its new folder and the checkpoint it names are not changes
-        assert recipe.resumed_changes == ["checkpoint.every: 1 -> 0", "trainer.steps: 2 -> 3"]
+        # what this launch changed is named, with no password; its new folder and the checkpoint it
+        # names are not changes
+        assert recipe.resumed_changes == changes
+        # and the new rate is the one it trains at: the third of five warm-up updates takes 3/5 of it
+        assert recipe.optimizer.param_groups[0]["lr"] == pytest.approx(2e-4 * 3 / 5)
     finally:
         recipe.cleanup("interrupted")
     capsys.readouterr()
     resumed = run(validate_config(later))
     assert resumed["run_id"] == first["run_id"]
     assert (f"resuming run {first['run_id']} at step 2 with settings changed since it started: "
-            "checkpoint.every: 1 -> 0; trainer.steps: 2 -> 3\n") in capsys.readouterr().out
+            f"{'; '.join(changes)}\n") in capsys.readouterr().out
     with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
         assert store.run(resumed["run_id"])["status"] == "finished"
         per_step = {s: sum(r["step"] == s for r in store.results(resumed["run_id"])) for s in (1, 2, 3)}
     assert per_step == {1: 16, 2: 16, 3: 16}
     logged = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in logged if r["phase"] == "train"] == [1, 2, 3]
+    assert [r["lr"] for r in logged if r["phase"] == "train"] == pytest.approx([1e-4 / 5, 1e-4 * 2 / 5, 2e-4 * 3 / 5])
     assert not (tmp_path / "later" / "palestra.db").exists()
 
 

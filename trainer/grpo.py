@@ -44,7 +44,7 @@ from trainer.metrics import MetricsLogger
 from trainer.models import check_model_source, check_resumable, load_model, load_policy, model_path, pick_device
 from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate, sequence_logprobs
-from trainer.schedule import lr_factor
+from trainer.schedule import apply_settings, lr_factor
 from trainer.sft import reference_pairs, supervised_loss, warm_start, warm_start_counts
 from trainer.tasks import TaskSource
 from trainer.vllm_engine import VLLMEngine
@@ -128,6 +128,7 @@ class GRPORecipe:
 
     def _resume(self, path: Path) -> None:
         state = checkpoint.load(path, self.model, self.optimizer, self.lr_schedule)
+        apply_settings(self.optimizer, self.lr_schedule, self.cfg.trainer.lr, self.cfg.trainer.weight_decay)
         self._engine_stale = True
         self.start_step = state["step"]
         if not self.world.is_main:  # a replica needs the model, optimizer and schedule; rank 0 the rest
@@ -142,7 +143,8 @@ class GRPORecipe:
         self.run_id = state["run_id"]
         if started:  # with the library versions stored beside the settings: an upgrade is a change too
             now = {**self.cfg.model_dump(mode="json"), "versions": library_versions()}
-            self.resumed_changes = changed_settings(started, without_password(now))  # stored without it
+            # runs stored before passwords were hidden hold theirs: hide it on both sides
+            self.resumed_changes = changed_settings(without_password(started), without_password(now))
         # Steps after the checkpoint are redone; their rows must not count twice. Steps the store
         # could not take before the checkpoint travel in it and are written now.
         self.store.discard_after(self.run_id, self.start_step)
