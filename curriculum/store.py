@@ -65,9 +65,14 @@ class SchemaVersionError(RuntimeError):
 _URL_HINT = " (a SQLite file is written sqlite:///path/to/file.db)"
 
 
-def _redacted(url: str) -> str:
-    """``url`` for a message when it could not be parsed: everything before the last ``@`` but a
-    ``scheme://`` is hidden (a mistyped URL may still hold a password)."""
+def shown_url(url: str) -> str:
+    """``url`` for messages and stored configs, a server password shown as ***. One that does not
+    parse hides everything before its last ``@`` but the ``scheme://`` (a mistyped URL may still
+    hold a password)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):  # not a URL, or a port that is not a number
+        pass
     if "@" not in url:
         return url
     head, _, host = url.rpartition("@")
@@ -78,13 +83,7 @@ def _redacted(url: str) -> str:
 def without_password(config: dict) -> dict:
     """A run's config as it is stored: a server password in ``store.url`` shows as ***."""
     url = (config.get("store") or {}).get("url")
-    if not url:
-        return config
-    try:
-        shown = make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        shown = _redacted(url)
-    return {**config, "store": {**config["store"], "url": shown}}
+    return {**config, "store": {**config["store"], "url": shown_url(url)}} if url else config
 
 
 def _now() -> datetime:
@@ -132,7 +131,7 @@ class StatsStore:
             self.engine = make_engine(url, writer=create)
         except (ArgumentError, ImportError, ValueError) as exc:  # unparseable URL or port, unknown backend, no driver
             hint = _URL_HINT if "://" not in url and "@" not in url else ""
-            raise StoreUnavailable(f"cannot open the stats store {_redacted(url)}: {one_line(exc)}{hint}") from None
+            raise StoreUnavailable(f"cannot open the stats store {shown_url(url)}: {one_line(exc)}{hint}") from None
         self.reader = self.engine.execution_options(read_only=True)  # same pool; SQLite reads take no write lock
         # ~15 s of back-off in all: rides out a busy file or a server restart, not an outage
         self.retry_delays_s: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)

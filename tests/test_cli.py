@@ -101,7 +101,7 @@ def test_listing_runs_reads_past_a_writer_that_holds_the_database(store_url, cap
 @pytest.mark.parametrize("url, says", [
     ("outputs/run/palestra.db", "sqlite:///path/to/file.db"),      # a plain path: the hint
     ("nosuch://host/db", "Can't load plugin"),                      # an unknown backend
-    ("mysql://user:secret@localhost/db", "mysql://***@localhost/db"),  # no driver; the password hidden
+    ("mysql://user:secret@localhost/db", "mysql://user:***@localhost/db"),  # no driver; the password hidden
     ("postgresql//user:secret@localhost/db", "store ***@localhost/db"),  # a typo'd scheme: still hidden
     ("postgresql://user:secret@localhost:port/db", "postgresql://***@localhost:port/db"),  # not a port
 ])
