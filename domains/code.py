@@ -581,7 +581,9 @@ class CodeDomain(Domain):
     """Base of the code domains: verification through the sandbox, reference from the payload."""
 
     Config = CodeConfig
-    version = "2"  # 2: the typing import only for programs that name a typing export
+    # 2: the typing import only for programs that name a typing export; 3: check() may pass the
+    # candidate's results back to it, and tests that cannot be run give no verdict (not a pass share)
+    version = "3"
 
     def verify(self, task: Task, completion: str) -> VerifyResult:
         return verify_code(self.config, task.payload, completion)

@@ -382,8 +382,8 @@ class ReasoningGymDomain(Domain):
             if self._scores_its_own_answer(score_answer, entry):  # int("2 x 3 x"): this answer's error
                 return VerifyResult.failure(Status.ERROR, message)
             return VerifyResult.no_verdict(f"the scorer fails on the task's own answer too: {message}")
-        if not math.isfinite(score):
-            return VerifyResult.failure(Status.ERROR, f"score_answer returned {score}")
+        if not math.isfinite(score):  # no score at all: the scorer's failure, as the pool counts a NaN reward
+            return VerifyResult.no_verdict(f"score_answer returned {score}")
         score = min(1.0, max(0.0, score))
         correct = score >= 1.0 - 1e-9
         reward = score if self.config.partial_credit else float(correct)

@@ -1,4 +1,6 @@
 """Health alarms fire on the conditions they name, and only then."""
+import torch
+
 from trainer.health import HealthConfig, HealthMonitor
 
 
@@ -46,8 +48,6 @@ def test_a_large_fall_below_the_best_evaluation_is_flagged_whatever_the_reward()
 
 
 def test_the_alarms_survive_a_checkpoint_round_trip():
-    import torch
-
     before = HealthMonitor(HealthConfig(heldout_drop_max=0.1))
     for _ in range(5):
         before.after_step({"loss": 0.0, "reward/mean": 0.3})
@@ -66,8 +66,6 @@ def test_the_alarms_survive_a_checkpoint_round_trip():
 
 def _saved(state: dict):
     import io
-
-    import torch
 
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -100,4 +98,7 @@ def test_a_domain_whose_verifier_cannot_judge_is_named_once():
         "the verifier of code_lists could not judge 16 completions of step 3; they count as failures "
         "(palestra verify says why)"]
     assert monitor.after_step({**step, "step": 4}) == []  # once per domain: a missing sandbox fails every step
+    resumed = HealthMonitor(HealthConfig())
+    resumed.load_state_dict(torch.load(_saved(monitor.state_dict()), weights_only=False))
+    assert resumed.after_step({**step, "step": 5}) == []  # said before the checkpoint: not again after a resume
     assert monitor.after_step({"step": 5, "domain/arithmetic/unscored": 1}) != []

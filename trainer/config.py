@@ -48,7 +48,7 @@ class TrainerConfig(Strict):
     group_size: int = Field(8, ge=2)
     lr: float = Field(1e-4, gt=0)
     warmup_steps: int = Field(5, ge=0)
-    lr_decay: Literal["constant", "linear", "cosine"] = "constant"  # after warm-up; to 0 at the last step
+    lr_decay: Literal["constant", "linear", "cosine"] = "constant"  # after warm-up; towards 0 (trainer/schedule.py)
     weight_decay: float = Field(0.0, ge=0)
     max_new_tokens: int = Field(64, gt=0)  # per completion (the longest worked math solution is 60
     # tokens and the end token); per assistant turn in tool episodes; a domain's own takes precedence

@@ -36,13 +36,15 @@ class HealthMonitor:
         self.unjudged_domains: set[str] = set()  # said once each: a missing sandbox would say it every step
 
     def state_dict(self) -> dict:
-        return {"rewards": list(self.rewards), "last_eval": self.last_eval, "best_macro": self.best_macro}
+        return {"rewards": list(self.rewards), "last_eval": self.last_eval, "best_macro": self.best_macro,
+                "unjudged_domains": sorted(self.unjudged_domains)}
 
     def load_state_dict(self, state: dict) -> None:
         """What a checkpoint saved; the alarms then compare with evaluations from before the resume."""
         self.rewards.extend(state["rewards"])
         self.last_eval = tuple(state["last_eval"]) if state["last_eval"] is not None else None
         self.best_macro = state["best_macro"]
+        self.unjudged_domains = set(state.get("unjudged_domains", []))  # absent from older checkpoints
 
     def forget_evaluations(self) -> None:
         """The held-out tasks changed: earlier evaluations are no yardstick for later ones."""

@@ -80,8 +80,10 @@ def load_tokenizer(path: str, tiny: bool) -> PreTrainedTokenizerBase:
     # character-level pre-tokenizer. Folders that declare a plain fast tokenizer load as one.
     plain = tiny or _declared_tokenizer_class(path) in ("PreTrainedTokenizerFast", "TokenizersBackend")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path) if plain else AutoTokenizer.from_pretrained(path)
-    if not tokenizer.encode("Solve 1+1."):  # what transformers builds when it finds a config but no vocabulary
-        raise ValueError(f"its tokenizer encodes text to no tokens (no vocabulary found in {path})")
+    # what transformers builds when it finds a config but no vocabulary (special tokens aside: one
+    # that adds a BOS would otherwise pass)
+    if not tokenizer.encode("Solve 1+1.", add_special_tokens=False):
+        raise ValueError("its tokenizer encodes text to no tokens (no vocabulary found)")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
