@@ -223,6 +223,8 @@ def test_trl_grpo_trainer_trains_on_the_curriculum(tmp_path, capsys):
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == steps and all(math.isfinite(h["loss"]) for h in logged)
     assert "palestra/arithmetic/reward" in logged[0] and "palestra/crashing/weight" in logged[0]
+    # the crashing verifier judged nothing, and the logs count those apart from the verdicts
+    assert all(h["palestra/unscored"] > 0 for h in logged)
 
     with StatsStore(url) as store:
         # one recorded plan step per generation batch, every completion counted once

@@ -465,6 +465,8 @@ def _log_to_trl(log_metric: Callable[[str, float], None], tasks: list[Task], ver
         log_metric(f"palestra/{name}/reward", sum(v.result.reward for v in found) / len(found))
         log_metric(f"palestra/{name}/success", sum(v.result.correct for v in found) / len(found))
     log_metric("palestra/verifier_failures", float(sum(v.result.status in _FAILED for v in verdicts)))
+    # of those, the completions the verifier could not judge at all (it raised, no sandbox, ...)
+    log_metric("palestra/unscored", float(sum(not v.result.scored for v in verdicts)))
     for plan in recorded:
         for i, name in enumerate(plan.domains):
             log_metric(f"palestra/{name}/weight", float(plan.weights[i]))
