@@ -19,6 +19,7 @@ def _train(tmp_path, override: str) -> dict:
             override, f"output_dir={tmp_path}", "domains=[arithmetic,fractions]", "trainer.steps=2",
             "trainer.prompts_per_step=4", "trainer.group_size=2", "trainer.max_new_tokens=4",
             "verifier.workers=1", "sft.steps=0", "eval.tasks_per_level=1", *TINY,
+            "trainer.dynamic_sampling=false",  # every planned group trains, none is refilled: the counts below
         ])
     return run(to_config(cfg))
 
