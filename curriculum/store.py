@@ -68,9 +68,12 @@ _URL_HINT = " (a SQLite file is written sqlite:///path/to/file.db)"
 def shown_url(url: str) -> str:
     """``url`` for messages and stored configs, a server password shown as ***. One that does not
     parse hides everything before its last ``@`` but the ``scheme://`` (a mistyped URL may still
-    hold a password)."""
+    hold a password), and so does one with two ``@`` before its path: SQLAlchemy would read the
+    second half of a password holding an unescaped ``@`` as part of the host."""
+    authority = url.split("://", 1)[-1].split("/", 1)[0]
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        if authority.count("@") <= 1:
+            return make_url(url).render_as_string(hide_password=True)
     except (ArgumentError, ValueError):  # not a URL, or a port that is not a number
         pass
     if "@" not in url:

@@ -204,6 +204,16 @@ def _quiet():
         yield
 
 
+def _finite_score(score_answer: Any, answer: str, entry: dict[str, Any]) -> float:
+    """The scorer's number for ``answer``; one that is no finite number raises, as a crash would
+    (a NaN reward would poison its group's advantages)."""
+    with _quiet():
+        score = float(score_answer(answer, entry))
+    if not math.isfinite(score):
+        raise ValueError(f"score_answer returned {score}")
+    return score
+
+
 def _validated(config: Any) -> Any:
     if callable(getattr(config, "validate", None)):
         config.validate()
@@ -273,7 +283,9 @@ class ReasoningGymDomain(Domain):
             raise ReasoningGymError(f"reasoning-gym has no dataset {dataset!r}")
         self.dataset = dataset
         self.name = f"{PREFIX}_{dataset}"
-        self.version = f"1+rg{library_version()}"
+        # 2: a scorer that raises on (or gives no number for) the model's answer alone is a verdict
+        # on that answer; one that fails on the task's own answer too gives none
+        self.version = f"2+rg{library_version()}"
         self._all_levels = level_configs(dataset)
         self._on_configure()
 
@@ -375,15 +387,12 @@ class ReasoningGymDomain(Domain):
         except Exception as exc:
             return VerifyResult.no_verdict(f"task could not be rebuilt: {type(exc).__name__}: {one_line(exc)}")
         try:
-            with _quiet():
-                score = float(score_answer(answer, entry))
+            score = _finite_score(score_answer, answer, entry)
         except Exception as exc:
             message = f"{type(exc).__name__}: {one_line(exc)}"
             if self._scores_its_own_answer(score_answer, entry):  # int("2 x 3 x"): this answer's error
                 return VerifyResult.failure(Status.ERROR, message)
             return VerifyResult.no_verdict(f"the scorer fails on the task's own answer too: {message}")
-        if not math.isfinite(score):  # no score at all: the scorer's failure, as the pool counts a NaN reward
-            return VerifyResult.no_verdict(f"score_answer returned {score}")
         score = min(1.0, max(0.0, score))
         correct = score >= 1.0 - 1e-9
         reward = score if self.config.partial_credit else float(correct)
@@ -395,8 +404,7 @@ class ReasoningGymDomain(Domain):
         """Whether the scorer gets through the entry's own answer: tells an answer the scorer
         cannot take from an entry it cannot score at all."""
         try:
-            with _quiet():
-                score_answer(str(entry["answer"]), entry)
+            _finite_score(score_answer, str(entry["answer"]), entry)
         except Exception:
             return False
         return True

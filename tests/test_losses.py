@@ -109,7 +109,7 @@ def test_token_logprobs_matches_log_softmax():
     assert_close(token_logprobs(logits, torch.tensor([[0]])), torch.tensor([[2 - math.log(math.e**2 + 2)]]))
 
 
-def test_the_lr_schedule_warms_up_then_holds_or_decays_to_zero_at_the_last_step():
+def test_the_lr_schedule_warms_up_then_holds_or_decays_towards_zero():
     from trainer.schedule import lr_factor
 
     # 10 updates, 2 of warm-up: factors after 0..9 earlier updates

@@ -1,6 +1,7 @@
 """The reasoning-gym adapter (``domains.reasoning_gym``) against the real library: every dataset is a
 domain ``rg_<name>``; levels follow the curricula; the dataset's own scorer is the verifier."""
 import json
+import math
 import random
 import subprocess
 import sys
@@ -209,6 +210,23 @@ def test_a_scorer_that_raises_on_the_models_answer_is_a_verdict_on_that_answer()
         result = factors.verify(task, f"<answer>{answer}</answer>")
         assert (result.status, result.reward, result.scored) == (Status.ERROR, 0.0, True), result
     assert factors.verify(task, factors.reference(task)).correct
+
+
+def test_a_scorer_that_gives_no_number_is_judged_like_one_that_raises(monkeypatch):
+    from domains import reasoning_gym
+
+    chain = load("rg_chain_sum")
+    task = chain.sample(1, 1, random.Random(0))[0]
+    gold = str(task.payload["entry"]["answer"])
+    # NaN for any answer but the gold one: a verdict on the model's answer (it scored its own)
+    monkeypatch.setitem(reasoning_gym.SCORER_FIXES, "chain_sum", lambda a, e: 1.0 if a == gold else math.nan)
+    result = chain.verify(task, "<answer>x</answer>")
+    assert (result.status, result.reward, result.scored) == (Status.ERROR, 0.0, True), result
+    assert "score_answer returned nan" in result.details["message"]
+    assert chain.verify(task, f"<answer>{gold}</answer>").correct
+    # NaN for the gold answer too: the scorer cannot score this task, so no verdict
+    monkeypatch.setitem(reasoning_gym.SCORER_FIXES, "chain_sum", lambda a, e: math.inf)
+    assert not chain.verify(task, f"<answer>{gold}</answer>").scored
 
 
 def test_a_scorer_that_raises_becomes_status_error():

@@ -206,4 +206,7 @@ def test_a_run_is_stored_without_the_password_in_its_store_url(tmp_path):
         assert store.run(run_id)["config"] == {"seed": 1, "store": {"url": "postgresql+psycopg://me:***@db:5432/runs"}}
         mistyped = store.start_run("demo", {"store": {"url": "postgres ql://me:secret@db"}}, seed=1)
         assert store.run(mistyped)["config"]["store"]["url"] == "postgres ql://***@db"
+        # an unescaped @ in the password: SQLAlchemy would take "ss@db" for the host
+        at_sign = store.start_run("demo", {"store": {"url": "postgresql://me:p@ss@db/runs"}}, seed=1)
+        assert store.run(at_sign)["config"]["store"]["url"] == "postgresql://***@db/runs"
         assert config["store"]["url"].endswith("secret@db:5432/runs")  # the caller's config is left as it was
