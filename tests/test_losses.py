@@ -135,14 +135,17 @@ def test_a_resumed_schedule_takes_the_configured_rate_and_keeps_its_place():
         optimizer.step()
         schedule.step()
     saved = optimizer.state_dict(), schedule.state_dict()
-    same, same_schedule = optimizer_and_schedule(1e-4)
-    same.load_state_dict(saved[0])
-    same_schedule.load_state_dict(saved[1])
+
+    def loaded():  # loading alone brings back the old rate and weight decay ...
+        fresh, fresh_schedule = optimizer_and_schedule(1e-4)
+        fresh.load_state_dict(saved[0])
+        fresh_schedule.load_state_dict(saved[1])
+        return fresh, fresh_schedule
+
+    same, same_schedule = loaded()
     apply_settings(same, same_schedule, 1e-4, 0.0)
     assert same.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]  # unchanged settings: the very same rate
-    other, other_schedule = optimizer_and_schedule(1e-4)
-    other.load_state_dict(saved[0])  # loading alone brings back the old rate and weight decay ...
-    other_schedule.load_state_dict(saved[1])
+    other, other_schedule = loaded()
     apply_settings(other, other_schedule, 3e-4, 0.01)  # ... a resume with new ones applies them
     assert other.param_groups[0]["lr"] == pytest.approx(3e-4 * 0.75)
     assert other.param_groups[0]["weight_decay"] == 0.01 and other_schedule.get_last_lr() == [other.param_groups[0]["lr"]]

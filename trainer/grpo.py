@@ -113,8 +113,7 @@ class GRPORecipe:
         if latest is not None:
             self._resume(latest)
         elif self.world.is_main:
-            stored_config = {**cfg.model_dump(mode="json"), "versions": library_versions()}
-            self.run_id = self.store.start_run(cfg.name, stored_config, cfg.seed, sweep_id=cfg.sweep_id)
+            self.run_id = self.store.start_run(cfg.name, self._run_config(), cfg.seed, sweep_id=cfg.sweep_id)
             self.scheduler = Scheduler(run_id=self.run_id, **self.scheduler_args)
             self.tasks.selector = self._selector()
         self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.table_every)
@@ -122,6 +121,10 @@ class GRPORecipe:
         if self.resumed_changes:
             self.logger.write(f"resuming run {self.run_id} at step {self.start_step} with settings changed since it "
                               f"started: {'; '.join(self.resumed_changes)}")
+
+    def _run_config(self) -> dict[str, Any]:
+        """The config a run is stored with: its settings and the library versions it ran under."""
+        return {**self.cfg.model_dump(mode="json"), "versions": library_versions()}
 
     def _selector(self) -> PromptSelector:
         return PromptSelector(self.cfg.selection, seed=self.cfg.seed, store=self.store, run_id=self.run_id)
@@ -141,10 +144,9 @@ class GRPORecipe:
             raise ConfigError(f"resume: {path} is of run {state['run_id']}, which is not in the store "
                               f"{self.store.safe_url}; set store.url to the run's database") from None
         self.run_id = state["run_id"]
-        if started:  # with the library versions stored beside the settings: an upgrade is a change too
-            now = {**self.cfg.model_dump(mode="json"), "versions": library_versions()}
+        if started:  # the library versions are stored beside the settings: an upgrade is a change too
             # runs stored before passwords were hidden hold theirs: hide it on both sides
-            self.resumed_changes = changed_settings(without_password(started), without_password(now))
+            self.resumed_changes = changed_settings(without_password(started), without_password(self._run_config()))
         # Steps after the checkpoint are redone; their rows must not count twice. Steps the store
         # could not take before the checkpoint travel in it and are written now.
         self.store.discard_after(self.run_id, self.start_step)
