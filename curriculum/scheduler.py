@@ -32,7 +32,7 @@ from curriculum.difficulty import LevelTable
 from curriculum.signals import Signals, StepCounts
 from curriculum.schema import is_in_memory_sqlite
 from curriculum.store import StatsStore
-from curriculum.types import Outcome, Plan
+from curriculum.types import Outcome, Plan, spread_is_zero
 
 STATE_VERSION = 1
 
@@ -157,7 +157,7 @@ class Scheduler:
         group_cell = cell[first]  # a group belongs to the cell of its first completion
         count = lambda idx, w=None: np.bincount(idx, weights=w, minlength=n_cells).astype(float)  # noqa: E731
         return CellCounts(count(cell), count(cell, correct), count(cell, reward), count(cell, abs_adv),
-                          count(group_cell, (lo == hi).astype(float)), count(group_cell))
+                          count(group_cell, spread_is_zero(lo, hi).astype(float)), count(group_cell))
 
     def _cell_of(self, o: Outcome) -> int:
         try:

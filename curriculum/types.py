@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -38,3 +39,22 @@ class Outcome:
     latency_s: float = 0.0
     completion: str = ""  # kept (compressed) for audit and replay
     verifier_version: str = ""
+
+
+# Rewards closer than this are equal: a group of partial rewards whose float values differ in the
+# last bits still teaches nothing.
+ZERO_VARIANCE_TOLERANCE = 1e-9
+
+
+def spread_is_zero(lowest: Any, highest: Any) -> np.ndarray:
+    """Per group, from its lowest and highest reward: whether its rewards all agree."""
+    return (np.asarray(highest) - np.asarray(lowest)) < ZERO_VARIANCE_TOLERANCE
+
+
+def rewards_agree(rewards: Any) -> np.ndarray:
+    """[..., G] rewards -> [...] bool: the groups whose completions all earned the same reward (zero
+    variance: every group-relative advantage is 0, so GRPO learns nothing from them). The one
+    definition behind dynamic sampling, the logged zero-variance share and the stored counts that
+    the mixing policies read."""
+    r = np.asarray(rewards)
+    return spread_is_zero(r.min(axis=-1), r.max(axis=-1))

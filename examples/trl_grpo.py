@@ -23,7 +23,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
-    from curriculum.integrations.trl import TRLCurriculum
+    from trainer.integrations.trl import TRLCurriculum
     from trainer.models import load_tokenizer
     from trainer.tiny_model import build_tiny_model
 

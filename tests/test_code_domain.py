@@ -363,7 +363,7 @@ def test_pool_verifies_in_parallel_and_every_reference_passes():
 
 
 def test_a_small_level_is_never_held_out_whole(tmp_path):
-    from trainer.tasks import TaskSource
+    from curriculum.tasks import TaskSource
 
     rows = [{**TESTS_ROW, "fn_name": "add", "prompt": f"def add(a, b): add them ({i})", "level": 1 + (i > 1)}
             for i in range(12)]  # level 1: two tasks; level 2: ten

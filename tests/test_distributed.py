@@ -27,8 +27,10 @@ from trainer.config import ConfigError, validate_config
 from trainer.distributed import World
 from trainer.batch import generation_chunks
 from trainer.episodes import by_rollout
+import trainer.grpo
 from trainer.grpo import GRPORecipe
 from trainer.losses import group_advantages
+from trainer.update import PolicyUpdate
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # spawned verifier workers import distributed_helpers from here
@@ -97,16 +99,20 @@ def one_step(tmp_path_factory):
     recipe = GRPORecipe(validate_config(raw))
     recipe.setup()
     try:
-        batch, _, _ = recipe._collect_with_refill(recipe.scheduler.plan(1), defaultdict(float))
-        yield recipe, batch
+        rollouts = recipe.collector.collect_step(recipe.curriculum.plan(1), recipe.curriculum, defaultdict(float))
+        yield recipe, rollouts.batch
     finally:
         recipe.cleanup()
 
 
+def _as_rank(recipe, world):
+    recipe.world = recipe.update.world = world
+
+
 def _update_as(recipe, world, batch, advantages, weights):
-    recipe.world = world
+    _as_rank(recipe, world)
     recipe.model.load_state_dict(weights)  # every rank starts from the same weights
-    stats = recipe._update(batch, advantages, recipe._sft_tasks(1, batch))
+    stats = recipe.update(batch.rollout, advantages, recipe._blend(1, batch.tasks))
     return (world.grads[0] if world.grads else {}), stats
 
 
@@ -123,7 +129,7 @@ def test_rank_gradients_add_up_to_the_one_process_gradient(one_step, aggregation
         whole, whole_stats = _update_as(recipe, RecordingWorld(0, 1), batch, advantages, weights)
         parts = [_update_as(recipe, RecordingWorld(r, size), batch, advantages, weights) for r in range(size)]
     finally:
-        recipe.world = World()
+        _as_rank(recipe, World())
         recipe.model.load_state_dict(weights)
     summed = {k: sum(g[k] for g, _ in parts if k in g) for k in whole}
     assert set().union(*(g for g, _ in parts)) == set(whole)
@@ -151,7 +157,7 @@ def test_rows_with_zero_advantage_skip_the_update_without_changing_its_gradient(
         parts = [_update_as(recipe, RecordingWorld(r, 2), batch, advantages, weights) for r in range(2)]
     finally:
         t.skip_zero_advantage, t.beta = False, 0.04
-        recipe.world = World()
+        _as_rank(recipe, World())
         recipe.model.load_state_dict(weights)
     assert any(g.abs().sum() > 0 for g in every_row.values())
     torch.testing.assert_close(skipped, every_row, rtol=1e-5, atol=1e-7)
@@ -186,28 +192,29 @@ def test_the_rehearsal_blend_is_a_function_of_seed_and_step_alone(one_step):
     (and so the training tasks) alone. Held-out tasks never enter it."""
     recipe, batch = one_step
     recipe.cfg.trainer.sft_coef, recipe.cfg.trainer.sft_source = 0.5, "warm_start"
-    heldout, seed = recipe.tasks.heldout_ids, recipe.cfg.seed
+    source = recipe.curriculum.inner.tasks
+    heldout, seed = source.heldout_ids, recipe.cfg.seed
     try:
-        stream = recipe.tasks.rng.getstate()
-        blends = {step: [task.id for task in recipe._sft_tasks(step, batch)] for step in range(1, 9)}
-        assert recipe.tasks.rng.getstate() == stream
-        slots = {(task.domain, task.level) for step in range(1, 9) for task in recipe._sft_tasks(step, batch)}
+        stream = source.rng.getstate()
+        blends = {step: [task.id for task in recipe.blend_tasks(step, batch.tasks)] for step in range(1, 9)}
+        assert source.rng.getstate() == stream
+        slots = {(task.domain, task.level) for step in range(1, 9) for task in recipe.blend_tasks(step, batch.tasks)}
         recipe.cfg.seed = seed + 1
-        other_seed = [task.id for task in recipe._sft_tasks(3, batch)]
+        other_seed = [task.id for task in recipe.blend_tasks(3, batch.tasks)]
         recipe.cfg.seed = seed
-        recipe.tasks.heldout_ids = heldout | set(blends[3])  # hold out exactly what step 3 would blend
-        redrawn = [task.id for task in recipe._sft_tasks(3, batch)]
+        source.heldout_ids = heldout | set(blends[3])  # hold out exactly what step 3 would blend
+        redrawn = [task.id for task in recipe.blend_tasks(3, batch.tasks)]
         recipe.cfg.trainer.sft_source = "step"
-        own = recipe._sft_tasks(3, batch)
+        own = recipe.blend_tasks(3, batch.tasks)
     finally:
-        recipe.cfg.trainer.sft_source, recipe.tasks.heldout_ids, recipe.cfg.seed = "step", heldout, seed
+        recipe.cfg.trainer.sft_source, source.heldout_ids, recipe.cfg.seed = "step", heldout, seed
         recipe.cfg.trainer.sft_coef = 0.0
     assert all(len(ids) == len(batch.tasks) for ids in blends.values())
     assert blends[3] != blends[4] and blends[3] != other_seed  # a fresh draw each step and seed
     assert len({domain for domain, _ in slots}) == 2 and len(slots) >= 4  # every domain, several levels
     assert len(redrawn) == len(blends[3]) and not set(redrawn) & set(blends[3])
     assert own == batch.tasks  # sft_source=step: the step's own tasks
-    assert recipe._sft_tasks(3, batch) == []  # sft_coef=0: no blend, no tasks
+    assert recipe.blend_tasks(3, batch.tasks) == []  # sft_coef=0: no blend, no tasks
 
 
 class _Stop(Exception):
@@ -219,24 +226,38 @@ def test_a_step_trains_the_blend_on_the_rehearsal_tasks(one_step, monkeypatch):
     t = recipe.cfg.trainer
     seen = []
 
-    def recording_update(self, batch, advantages, sft_tasks):
-        seen.append((batch, sft_tasks))
+    real_collect, real_blend = recipe.collector.collect_step, trainer.grpo.blend_for_rank
+
+    def recording_collect(*args):
+        rollouts = real_collect(*args)
+        seen.append({"batch": rollouts.batch})
+        return rollouts
+
+    def recording_blend(tokenizer, domains, tasks, lo, hi):
+        seen[-1]["blended"] = tasks
+        return real_blend(tokenizer, domains, tasks, lo, hi)
+
+    def recording_update(self, rollout, advantages, blend):
+        seen[-1]["blend"] = blend
         raise _Stop  # the step's tasks are known; no need to train
 
-    monkeypatch.setattr(GRPORecipe, "_update", recording_update)
+    monkeypatch.setattr(recipe.collector, "collect_step", recording_collect)
+    monkeypatch.setattr(trainer.grpo, "blend_for_rank", recording_blend)
+    monkeypatch.setattr(PolicyUpdate, "__call__", recording_update)
     t.sft_coef, t.sft_source = 0.5, "warm_start"
     try:
         with pytest.raises(_Stop):
             recipe.train_step(1)
-        (batch, blended), = seen
-        expected = [task.id for task in recipe._sft_tasks(1, batch)]
+        batch, blended = seen[0]["batch"], seen[0]["blended"]
+        expected = [task.id for task in recipe.blend_tasks(1, batch.tasks)]
         t.sft_coef = 0.0
         with pytest.raises(_Stop):
             recipe.train_step(1)
     finally:
         t.sft_coef, t.sft_source = 0.0, "step"
     assert [task.id for task in blended] == expected != [task.id for task in batch.tasks]
-    assert seen[1][1] == []  # no blend, no tasks for it
+    assert seen[0]["blend"].pairs and seen[0]["blend"].share == 1.0  # one rank: the whole blend
+    assert "blended" not in seen[1] and seen[1]["blend"] is None  # no blend, no tasks for it
 
 
 # -- torchrun end to end --------------------------------------------------------------------------------
@@ -326,7 +347,7 @@ def test_a_failing_rank_ends_the_launch_instead_of_hanging_it(tmp_path, failing_
 
 def test_every_log_prob_of_the_update_is_taken_at_the_sampling_temperature(one_step, monkeypatch):
     # the policy's, the old policy's and the reference's log-probs all score softmax(logits / T)
-    import trainer.grpo
+    import trainer.update
     from trainer.rollout import sequence_logprobs
 
     recipe, batch = one_step
@@ -336,12 +357,12 @@ def test_every_log_prob_of_the_update_is_taken_at_the_sampling_temperature(one_s
         seen.append(kwargs.get("temperature", 1.0))
         return sequence_logprobs(*args, **kwargs)
 
-    monkeypatch.setattr(trainer.grpo, "sequence_logprobs", recording)
+    monkeypatch.setattr(trainer.update, "sequence_logprobs", recording)
     t = recipe.cfg.trainer
     weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     t.temperature, t.mu = 0.7, 2  # mu > 1: the old policy's log-probs are taken too
     try:
-        recipe._update(batch, group_advantages(batch.rewards, "batch").flatten(), [])
+        recipe.update(batch.rollout, group_advantages(batch.rewards, "batch").flatten(), None)
     finally:
         t.temperature, t.mu = 1.0, 1
         recipe.model.load_state_dict(weights)

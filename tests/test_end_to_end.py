@@ -80,7 +80,7 @@ def test_grpo_run_end_to_end(tmp_path, plugin_package):
         recipe.setup()
         # parameters after the SFT warm start are compared with those after GRPO
         from trainer.sft import warm_start
-        warm_start(recipe.model, recipe.tokenizer, recipe.domains, config.sft, draw=recipe.tasks.draw,
+        warm_start(recipe.model, recipe.tokenizer, recipe.domains, config.sft, draw=recipe.curriculum.draw,
                    seed=config.seed, log=lambda *a: None)
         before = {k: v.detach().clone() for k, v in recipe.model.named_parameters()}
         metrics = [recipe.train_step(step) for step in range(1, config.trainer.steps + 1)]
@@ -174,7 +174,7 @@ def test_dynamic_sampling_stores_every_group_with_the_advantages_it_trained_on(t
 
 def test_a_domain_without_held_out_tasks_trains_and_is_left_out_of_the_stored_evaluation(tmp_path):
     from trainer.app import run
-    from trainer.grpo import _resume_hint
+    from trainer.runtime import resume_hint
 
     rows = tmp_path / "sums.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(20)))
@@ -186,7 +186,7 @@ def test_a_domain_without_held_out_tasks_trains_and_is_left_out_of_the_stored_ev
         [stored_run] = store.runs()
         stored = [m for m in store.metrics(stored_run["id"]) if "heldout/macro" in m]
     assert [m["step"] for m in stored] == [0, 1] and all(len(m["heldout/domains"]) == 1 for m in stored)
-    assert _resume_hint(None) == "resume from the last checkpoint saved (none was saved now)"
+    assert resume_hint(None) == "resume from the last checkpoint saved (none was saved now)"
 
 
 def test_a_verifier_pool_that_cannot_start_stops_the_run_before_any_step(tmp_path, monkeypatch):
@@ -212,7 +212,10 @@ def test_the_warm_start_and_the_update_run_on_their_own_thread_count_and_samplin
     import trainer.grpo
 
     seen = {}
-    real_warm_start, real_update, real_collect = trainer.grpo.warm_start, GRPORecipe._update, GRPORecipe._collect
+    from trainer.collect import RolloutCollector
+    from trainer.update import PolicyUpdate
+
+    real_warm_start, real_update, real_collect = trainer.grpo.warm_start, PolicyUpdate.__call__, RolloutCollector.collect
 
     def recording_warm_start(*args, **kwargs):
         seen["sft"] = torch.get_num_threads()
@@ -227,8 +230,8 @@ def test_the_warm_start_and_the_update_run_on_their_own_thread_count_and_samplin
         return real_collect(self, *args, **kwargs)
 
     monkeypatch.setattr(trainer.grpo, "warm_start", recording_warm_start)
-    monkeypatch.setattr(GRPORecipe, "_update", recording_update)
-    monkeypatch.setattr(GRPORecipe, "_collect", recording_collect)
+    monkeypatch.setattr(PolicyUpdate, "__call__", recording_update)
+    monkeypatch.setattr(RolloutCollector, "collect", recording_collect)
     config = tiny_config(tmp_path, domains=["arithmetic"], model=ON_CPU,
                          trainer={"steps": 2, "cpu_threads": 1, "update_cpu_threads": phase_threads},
                          sft={"steps": 1, "cpu_threads": phase_threads})
@@ -248,7 +251,9 @@ def test_the_sampling_threads_come_back_when_an_update_fails(tmp_path, monkeypat
     def failing_update(self, *args, **kwargs):
         raise RuntimeError("update failed")
 
-    monkeypatch.setattr(GRPORecipe, "_update", failing_update)
+    from trainer.update import PolicyUpdate
+
+    monkeypatch.setattr(PolicyUpdate, "__call__", failing_update)
     recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], model=ON_CPU,
                                     trainer={"steps": 1, "cpu_threads": 1}, sft={"steps": 0}))
     try:

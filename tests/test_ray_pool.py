@@ -287,7 +287,7 @@ def test_grpo_steps_verify_on_ray(tmp_path, pool):
 # -- TRL's reward function verifying on Ray ---------------------------------------------------------
 def test_the_trl_curriculum_verifies_on_ray(tmp_path, pool):
     from curriculum.config import FixedDifficultyConfig, UniformConfig
-    from curriculum.integrations.trl import BatchShape, TRLCurriculum
+    from trainer.integrations.trl import BatchShape, TRLCurriculum
 
     arithmetic = load("arithmetic")
     store = StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}")

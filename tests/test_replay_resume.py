@@ -186,7 +186,7 @@ def test_an_unreachable_store_stops_with_a_checkpoint_that_loses_nothing(tmp_pat
     def step_then_lose_the_store(step):
         metrics = train_step(step)
         if step == 2:  # steps 1-2 are stored; from now on the database is locked for good
-            recipe.scheduler.flush()
+            recipe.curriculum.inner.flush()
             blocker.execute("BEGIN EXCLUSIVE")
         return metrics
 

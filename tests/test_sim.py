@@ -179,7 +179,7 @@ def _plan_after(cfg, steps):
     from curriculum.sim import runner
 
     captured = {}
-    original = runner.Scheduler
+    original = runner.Curriculum
 
     class Spy(original):
         def plan(self, step):
@@ -187,11 +187,11 @@ def _plan_after(cfg, steps):
             captured.setdefault(step, plan.counts)
             return plan
 
-    runner.Scheduler = Spy
+    runner.Curriculum = Spy
     try:
         run_sim(cfg.model_copy(update={"sim": cfg.sim.model_copy(update={"steps": steps + 1})}))
     finally:
-        runner.Scheduler = original
+        runner.Curriculum = original
     return captured[steps + 1]
 
 

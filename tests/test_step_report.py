@@ -1,12 +1,15 @@
 """The store rows a GRPO step writes: every generated completion, with the advantage it trained on."""
+import numpy as np
 import torch
 
+from curriculum.steps import domain_metrics, outcomes
+from curriculum.types import rewards_agree
 from domains.api import Status, Task, VerifyResult, user_prompt
 from domains.math_gen import ARITHMETIC
 from domains.pool import Verdict
 from trainer.batch import StepBatch
+from trainer.collect import StepRollouts
 from trainer.losses import group_advantages
-from trainer.step_report import domain_metrics, outcomes
 
 G = 2
 TASK = Task("arithmetic", 1, user_prompt("2+2="), {"answer": "4"})
@@ -20,10 +23,15 @@ def _batch(rewards: list[list[float]]) -> StepBatch:
                      texts=[f"text{i}" for i in range(len(flat))], verdicts=verdicts)
 
 
+def _rows(generated, kept, advantages):
+    groups = StepRollouts(batch=None, generated=generated, kept=kept).groups(advantages)
+    return outcomes(groups, {"arithmetic": ARITHMETIC})
+
+
 def test_a_task_drawn_twice_keeps_each_groups_advantages():
     batch = _batch([[1.0, 0.0], [0.0, 0.0]])
     advantages = group_advantages(batch.rewards)  # [[+1, -1], [0, 0]] up to the eps in the std
-    rows = outcomes([batch], [(0, 0), (0, 1)], advantages, {"arithmetic": ARITHMETIC})
+    rows = _rows([batch], [(0, 0), (0, 1)], advantages)
     assert [r.group for r in rows] == [0, 0, 1, 1]
     assert [round(r.advantage, 3) for r in rows] == [1.0, -1.0, 0.0, 0.0]
 
@@ -33,7 +41,7 @@ def test_a_discarded_group_stores_zero_and_its_refill_the_trained_advantages():
     refill = _batch([[0.0, 1.0]])
     kept = [(0, 0), (1, 0)]
     advantages = group_advantages(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
-    rows = outcomes([first, refill], kept, advantages, {"arithmetic": ARITHMETIC})
+    rows = _rows([first, refill], kept, advantages)
     assert [r.group for r in rows] == [0, 0, 1, 1, 2, 2]
     assert [round(r.advantage, 3) for r in rows] == [1.0, -1.0, 0.0, 0.0, -1.0, 1.0]
     assert [r.completion for r in rows] == ["text0", "text1", "text2", "text3", "text0", "text1"]
@@ -43,5 +51,14 @@ def test_domain_metrics_count_what_the_verifier_could_not_judge_apart_from_wrong
     batch = _batch([[1.0, 0.0], [0.0, 0.0]])
     batch.verdicts[1] = Verdict(VerifyResult.no_verdict("verifier worker died"), 0.0)
     batch.verdicts[2] = Verdict(VerifyResult.failure(Status.ERROR, "program exited (code 3)"), 0.0)
-    stats = domain_metrics(batch.tasks, batch.verdicts, G, [batch])["arithmetic"]
+    groups = StepRollouts(batch=None, generated=[batch], kept=[]).groups(torch.zeros(0, G))
+    stats = domain_metrics(groups)["arithmetic"]
     assert (stats["errors"], stats["unscored"], stats["format_errors"]) == (2, 1, 0)
+    assert stats["success"] == 0.25 and stats["zero_var"] == 0.5
+
+
+def test_one_definition_of_a_group_whose_rewards_all_agree():
+    rewards = np.array([[1.0, 1.0], [0.3, 0.3 + 1e-12], [0.0, 0.5]])  # float error is no variance
+    assert rewards_agree(rewards).tolist() == [True, True, False]
+    batch = _batch([[1.0, 1.0], [0.0, 1.0]])
+    assert batch.zero_variance().tolist() == [True, False]

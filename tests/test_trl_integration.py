@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer driven by Palestra's curriculum (``curriculum.integrations.trl``).
+"""TRL's GRPOTrainer driven by Palestra's curriculum (``trainer.integrations.trl``).
 
 The first tests call the reward function by hand (no TRL needed): slices of a plan step, a
 verifier that crashes, settings that cannot work. The last one is TRL's smoke test with our parts:
@@ -16,7 +16,7 @@ import torch
 
 from curriculum.cli import main as palestra_cli
 from curriculum.config import FixedDifficultyConfig, UniformConfig
-from curriculum.integrations.trl import BatchShape, TRLCurriculum, completion_text, trl_batch_shape
+from trainer.integrations.trl import BatchShape, TRLCurriculum, completion_text, trl_batch_shape
 from curriculum.store import StatsStore
 from domains.api import Task
 from domains.pool import verify_guarded

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from curriculum.types import rewards_agree
 from domains.api import Domain, Task
 from domains.pool import Verdict
 from trainer.episodes import by_rollout
@@ -29,8 +30,7 @@ class StepBatch:
         return flat.view(len(self.tasks), self.group_size)
 
     def zero_variance(self) -> torch.Tensor:  # [P] bool: every completion got the same reward
-        rewards = self.rewards
-        return (rewards.max(dim=1).values - rewards.min(dim=1).values) < 1e-9
+        return torch.from_numpy(rewards_agree(self.rewards.numpy()))
 
     def select(self, groups: list[int]) -> "StepBatch":
         rows = [p * self.group_size + g for p in groups for g in range(self.group_size)]

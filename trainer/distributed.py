@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from curriculum.steps import plan_metrics
 from trainer.config import ConfigError
 
 T = TypeVar("T")
@@ -219,3 +220,28 @@ class QuietLogger:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class SharedCurriculum:
+    """The curriculum as every rank sees it. Rank 0 holds the real one — the run's only store
+    connection — and plans and draws; every rank gets the same plan and tasks. Only rank 0 records:
+    the others return their metrics with the plan's per-domain ones, as rank 0 stores them."""
+
+    def __init__(self, world: World, curriculum: Any | None) -> None:
+        if world.is_main != (curriculum is not None):
+            raise ValueError("rank 0, and only rank 0, holds the curriculum")
+        self.world, self.inner = world, curriculum
+        self._plans: dict[int, Any] = {}
+
+    def plan(self, step: int):
+        plan = self.world.broadcast(self.inner.plan(step) if self.inner is not None else None)
+        self._plans = {step: plan}
+        return plan
+
+    def draw(self, counts: dict, **kwargs: Any) -> list:
+        return self.world.broadcast(self.inner.draw(counts, **kwargs) if self.inner is not None else None)
+
+    def record(self, step: int, groups: list, metrics: dict) -> dict:
+        if self.inner is not None:
+            return self.inner.record(step, groups, metrics)
+        return {**metrics, **plan_metrics(self._plans[step], groups)}

@@ -61,6 +61,54 @@ def evaluate(
     return dict(hits)
 
 
+class HeldoutEvaluation:
+    """The run's fixed held-out set, how it is decoded, and what it scored before and after GRPO."""
+
+    def __init__(self, domains: dict[str, Domain], settings, trainer) -> None:
+        self.tasks = heldout_tasks(domains, settings.tasks_per_level, settings.seed)
+        self.cfg, self.trainer = settings, trainer  # the eval section, and the trainer's for the token budgets
+        self.hits: dict[str, Hits] = {}  # "before"/"after" GRPO: held-out success, task by task
+
+    def run(self, model: torch.nn.Module, tokenizer, pool: Pool, sampler: Sampler,
+            keep: str | None = None) -> dict[str, float]:
+        """Evaluate now; ``keep`` files the result under "before" or "after" GRPO."""
+        hits = evaluate(model, tokenizer, self.tasks, pool, max_new_tokens=self.trainer.max_new_tokens,
+                        max_episode_tokens=self.trainer.max_episode_tokens, temperature=self.cfg.temperature,
+                        batch_size=self.trainer.rollout_batch_size, seed=self.cfg.seed, samples=self.cfg.samples,
+                        sampler=sampler)
+        if keep:
+            self.hits[keep] = hits
+        return summarise(hits)
+
+    def settings(self) -> dict:
+        """What decides how the held-out tasks are decoded and scored, besides the tasks themselves."""
+        return {"temperature": self.cfg.temperature, "samples": self.cfg.samples,
+                "max_new_tokens": self.trainer.max_new_tokens, "max_episode_tokens": self.trainer.max_episode_tokens}
+
+    def summary(self) -> dict:
+        """Held-out success before and after GRPO, the macro gain and its paired 95% interval."""
+        before, after = (summarise(self.hits[k]) if k in self.hits else {} for k in ("before", "after"))
+        summary = {"before": before, "after": after, "macro_gain": None}
+        if before and after:
+            summary["macro_gain"] = after["eval/macro"] - before["eval/macro"]
+            summary["macro_gain_ci95"] = paired_gain_interval(self.hits["before"], self.hits["after"], seed=self.cfg.seed)
+        return summary
+
+    def state_dict(self) -> dict:
+        return {"heldout_hits": self.hits, "heldout_ids": [t.id for t in self.tasks],
+                "heldout_settings": self.settings()}
+
+    def load_state_dict(self, state: dict) -> bool:
+        """The evaluations of a checkpoint; False (and none kept) when its held-out tasks or their
+        settings differ from this run's, so nothing after could be compared with them."""
+        self.hits = state.get("heldout_hits", {})
+        settings = self.settings()
+        if state.get("heldout_ids") != [t.id for t in self.tasks] or state.get("heldout_settings", settings) != settings:
+            self.hits = {}
+            return False
+        return True
+
+
 def summarise(hits: Hits) -> dict[str, float]:
     metrics: dict[str, float] = {}
     per_domain: dict[str, list[float]] = defaultdict(list)

@@ -1,8 +1,9 @@
-"""One simulated training run: the production Scheduler and StatsStore around a synthetic learner.
+"""One simulated training run: the production Curriculum and StatsStore around a synthetic learner.
 
-Per step: ``Scheduler.plan`` → the learner rolls out G outcomes per planned prompt → the outcomes
-(one ``Outcome`` per completion, real group advantages) go through ``Scheduler.record`` with the
-held-out metrics, exactly as the trainer records a step → the learner learns from the same groups.
+Per step: ``Curriculum.plan`` → the learner rolls out G outcomes per planned prompt → the outcomes
+(one ``Outcome`` per completion, real group advantages) go through ``Curriculum.record_outcomes``
+with the held-out metrics, as a trainer's step is recorded → the learner learns from the same
+groups. The simulator draws no tasks: its learner needs only the plan's (domain, level) counts.
 
 By default the store gets each step's aggregates, plan and metrics but not one ``results`` row per
 completion (``AggregatedWrites``; ``store_results=true`` writes those too).
@@ -26,7 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from curriculum.compare import heldout_metrics
-from curriculum.scheduler import Scheduler, StepWriteFailed
+from curriculum.curriculum import Curriculum
+from curriculum.scheduler import StepWriteFailed
+from curriculum.types import rewards_agree
 from curriculum.sim.config import SimAppConfig
 from curriculum.sim.learner import KINDS, Learner, StepOutcome, build_world
 from curriculum.store import StatsStore
@@ -73,7 +76,7 @@ def describe_world(cfg: SimAppConfig, names: list[str], kinds: np.ndarray) -> di
 class AggregatedWrites:
     """The store as the scheduler sees it, minus the per-completion rows of the ``results`` table.
 
-    ``Scheduler.record`` still gets every Outcome, aggregates it and writes the step in one
+    The scheduler still gets every Outcome, aggregates it and writes the step in one
     transaction — step statistics, plan, plan vectors, metrics — which is all that ``compare``,
     ``report`` and ``rebuild_from_store`` read. Only the one-row-per-completion audit trail is
     left out: a 2,000-step ``hundreds`` run would write a million rows (about 200 MB of SQLite)
@@ -103,31 +106,29 @@ def run_sim(cfg: SimAppConfig, store: StatsStore | None = None, progress_every: 
                                  sweep_id=cfg.sweep_id)
     levels = tuple(range(sc.levels))
     writes = store if (store is None or cfg.store_results) else AggregatedWrites(store)
-    scheduler = Scheduler({name: levels for name in world.names}, cfg.policy, cfg.difficulty,
-                          prompts_per_step=sc.prompts_per_step, seed=cfg.seed, store=writes, run_id=run_id,
-                          write_behind=cfg.write_behind and store is not None)
+    curriculum = Curriculum(levels={name: levels for name in world.names}, policy=cfg.policy,
+                            difficulty=cfg.difficulty, prompts_per_step=sc.prompts_per_step, seed=cfg.seed,
+                            store=writes, run_id=run_id, write_behind=cfg.write_behind and store is not None)
     index = {name: i for i, name in enumerate(world.names)}
     start, status, rollouts, macro_sum = time.perf_counter(), "failed", 0, 0.0
     try:
         for step in range(1, sc.steps + 1):
-            domain, level = plan_arrays(scheduler.plan(step), index)
+            domain, level = plan_arrays(curriculum.plan(step), index)
             out = learner.rollout(domain, level)
             learner.learn(out)
             rollouts += out.reward.size
             metrics = heldout_metrics(learner.heldout(), sc.mastery,
                                       step % sc.domains_every == 0 or step == sc.steps or step == 1)
-            zero_var = (out.reward.min(axis=1) == out.reward.max(axis=1)).mean() if len(domain) else 0.0
+            zero_var = rewards_agree(out.reward).mean() if len(domain) else 0.0
             metrics.update({"sim/rollouts": rollouts, "sim/zero_var_share": float(zero_var)})
             macro_sum += metrics["heldout/macro"]
-            scheduler.record(step, to_outcomes(out, world.names, step), metrics)
+            curriculum.record_outcomes(step, to_outcomes(out, world.names, step), metrics)
             if progress_every and step % progress_every == 0:
                 print(f"step {step}: macro {metrics['heldout/macro']:.4f}", flush=True)
-        scheduler.close()
+        curriculum.flush()
         status = "finished"
     finally:
-        if store is not None and run_id is not None:
-            with contextlib.suppress(StepWriteFailed):  # already raised in the loop; the run is marked failed
-                scheduler.close()
-            store.finish_run(run_id, status)
+        with contextlib.suppress(StepWriteFailed):  # already raised in the loop; the run is marked failed
+            curriculum.finish(status)
     return SimResult(run_id, sc.steps, float(learner.heldout().mean()), macro_sum / sc.steps,
                      time.perf_counter() - start)

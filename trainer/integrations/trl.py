@@ -13,7 +13,7 @@ How the two loops line up. TRL reads a *generation batch* of ``generation_batch_
 num_generations`` prompts, repeats each prompt ``num_generations`` times (and the whole batch
 ``num_iterations × steps_per_generation`` times, to reuse it), generates once and scores every
 completion of the batch. Here one generation batch is one Palestra plan step: when TRL reads the
-first prompt of a batch, the dataset asks the Scheduler for the next plan, draws its tasks and
+first prompt of a batch, the dataset asks the Curriculum for the next plan, draws its tasks and
 yields one row per prompt, ``{prompt, domain, level, task_id, palestra_step, palestra_group}`` (the
 payload the verifier needs stays in memory, out of the data stream). ``palestra_reward`` sends each
 completion to its domain's verifier through a verifier pool — local worker processes, or Ray actors
@@ -26,7 +26,7 @@ next, is counted right.
 Where this departs from Palestra's own trainer, and why:
 - the mix adapts one step late: TRL's data loader reads a batch ahead (accelerate's look-ahead and
   the gradient-accumulation prefetch), so the plan of step t+1 is drawn before step t is scored.
-  The Scheduler allows exactly this overlap: a plan depends only on the steps recorded before it;
+  The curriculum allows exactly this overlap: a plan depends only on the steps recorded before it;
 - the advantages stored with each result are Palestra's (``trainer.losses.group_advantages``), so
   the learnability signals mean what they mean in Palestra runs; TRL trains on its own advantages
   (it divides by the unbiased group std);
@@ -54,18 +54,18 @@ from pydantic import BaseModel, ValidationError
 from transformers import TrainerCallback
 
 from curriculum.config import CurriculumConfig, DifficultyConfig, PolicyConfig, describe_error
-from curriculum.scheduler import Scheduler, StepWriteFailed
+from curriculum.curriculum import Curriculum
+from curriculum.steps import FAILED, Group
+from curriculum.types import rewards_agree
 from curriculum.store import StatsStore
-from curriculum.types import Outcome, Plan
-from domains.api import Domain, Status, Task, stable_hash
+from curriculum.types import Plan
+from domains.api import Domain, Task
 from domains.backend import VerifierConfig, make_pool
 from domains.pool import Verdict, VerifierPool
 from domains.registry import load_all
 from trainer.losses import group_advantages
-from trainer.tasks import TaskSource
 
 ADVANTAGE_STD_MODES = ("group", "batch", "none")
-_FAILED = {Status.ERROR, Status.TIMEOUT, Status.SANDBOX_VIOLATION}
 _LIVE: "weakref.WeakValueDictionary[str, TRLCurriculum]" = weakref.WeakValueDictionary()
 
 
@@ -140,7 +140,7 @@ class _OpenStep:
 
 
 class TRLCurriculum:
-    """The prompt source, the reward function and the callback that connect TRL to a Scheduler.
+    """The prompt source, the reward function and the callback that connect TRL to a Curriculum.
 
     ``build`` makes one from names and plain settings; the constructor takes loaded domains, typed
     configs and an open store (which the caller keeps owning unless ``owns_store``).
@@ -162,13 +162,12 @@ class TRLCurriculum:
         # that cannot start must not leave a run row behind that says "running" forever.
         self.pool = make_pool(domains, verifier) if verifier is not None else VerifierPool(domains, workers=verifier_workers)
         try:
-            self.run_id = store.start_run(run_name, config, seed)
+            self.curriculum = Curriculum.start(store, run_name, config, seed=seed, domains=domains, policy=policy,
+                                               difficulty=difficulty, prompts_per_step=shape.prompts_per_step)
         except BaseException:
             self.pool.close()
             raise
-        self.scheduler = Scheduler({name: tuple(d.levels) for name, d in domains.items()}, policy, difficulty,
-                                   shape.prompts_per_step, seed=seed, store=store, run_id=self.run_id)
-        self.tasks = TaskSource(domains, heldout_ids=set(), seed=seed)
+        self.run_id = self.curriculum.run_id
         self._open: dict[int, _OpenStep] = {}
         self._next_step = 1
         self._lock = threading.Lock()  # rows() and palestra_reward() may be driven from different threads
@@ -264,8 +263,8 @@ class TRLCurriculum:
                                    "curriculum.palestra_reward among reward_funcs, and shuffle_dataset off?")
             step = self._next_step
             self._next_step += 1
-            plan = self.scheduler.plan(step)
-            tasks = self.tasks.draw(plan.counts)
+            plan = self.curriculum.plan(step)
+            tasks = self.curriculum.draw(plan.counts)
             self._open[step] = _OpenStep(plan, tasks, [[] for _ in tasks])
         return step, tasks
 
@@ -296,21 +295,11 @@ class TRLCurriculum:
         rewards = torch.tensor([[v.result.reward for _, v in open_step.scored[p]] for p in groups],
                                dtype=torch.float32)  # [P, G]
         advantages = group_advantages(rewards, self.advantage_std)  # [P, G], as Palestra's trainer computes them
-        outcomes = [self._outcome(open_step, p, g, float(advantages[i, g]))
-                    for i, p in enumerate(groups) for g in range(self.shape.group_size)]
-        tasks = {open_step.tasks[p].id: open_step.tasks[p].to_json() for p in groups}  # for `palestra replay`
-        metrics = _step_metrics(open_step.plan, outcomes, rewards, global_step)
-        self.scheduler.record(step, outcomes, metrics, tasks=tasks)
+        scored = [(open_step.tasks[p], open_step.scored[p]) for p in groups]
+        recorded = [Group(task, [text for text, _ in done], [verdict for _, verdict in done], advantages[i].tolist())
+                    for i, (task, done) in enumerate(scored)]
+        self.curriculum.record(step, recorded, _step_metrics(rewards, global_step))
         self.recorded_steps.append(step)
-
-    def _outcome(self, open_step: _OpenStep, group: int, g: int, advantage: float) -> Outcome:
-        task = open_step.tasks[group]
-        text, verdict = open_step.scored[group][g]
-        return Outcome(domain=task.domain, level=task.level, task_id=task.id, group=group,
-                       reward=verdict.result.reward, correct=verdict.result.correct,
-                       status=verdict.result.status.value, advantage=advantage, prompt_hash=stable_hash(task.prompt),
-                       completion_hash=stable_hash(text), latency_s=verdict.latency_s, completion=text,
-                       verifier_version=self.domains[task.domain].version)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def check_args(self, args: Any) -> None:
@@ -326,7 +315,7 @@ class TRLCurriculum:
         """Record the full groups of steps still open, drop the rest, and wait for the store."""
         with self._lock:
             self._record_closed(None, everything=True)
-        self.scheduler.flush()
+        self.curriculum.flush()
 
     def close(self, status: str = "finished") -> None:
         if self._closed:
@@ -337,12 +326,8 @@ class TRLCurriculum:
             self._closed = True
             self.pool.close()
             try:
-                self.scheduler.close()
-            except StepWriteFailed:  # the run failed to record; say so, then let the error through
-                status = "failed"
-                raise
+                self.curriculum.finish(status)  # a failed write marks the run failed and is raised
             finally:
-                self.store.finish_run(self.run_id, status)
                 if self._owns_store:
                     self.store.close()
 
@@ -431,26 +416,14 @@ def _trl_settings(args: Any) -> dict:
     return settings
 
 
-def _step_metrics(plan: Plan, outcomes: list[Outcome], rewards: torch.Tensor, global_step: int | None) -> dict:
-    """The step's row of the store's metrics table, with the keys Palestra's trainer uses."""
-    spread = rewards.max(dim=1).values - rewards.min(dim=1).values
+def _step_metrics(rewards: torch.Tensor, global_step: int | None) -> dict:
+    """The step's overall metrics, with the keys Palestra's trainer uses (the curriculum adds the
+    per-domain ones as it records the step)."""
     metrics: dict[str, Any] = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
-                               "zero_variance_share": float((spread < 1e-9).float().mean()),
-                               "rollouts": len(outcomes)}
+                               "zero_variance_share": float(rewards_agree(rewards.numpy()).mean()),
+                               "rollouts": rewards.numel()}
     if global_step is not None:
         metrics["trl/global_step"] = int(global_step)
-    by_domain: dict[str, list[Outcome]] = defaultdict(list)
-    for o in outcomes:
-        by_domain[o.domain].append(o)
-    for i, name in enumerate(plan.domains):
-        metrics[f"domain/{name}/weight"] = float(plan.weights[i])
-        metrics[f"domain/{name}/level"] = int(plan.levels[i])
-        metrics[f"domain/{name}/prompts"] = sum(n for (d, _), n in plan.counts.items() if d == name)
-        rows = by_domain.get(name)
-        if rows:
-            metrics[f"domain/{name}/reward"] = sum(o.reward for o in rows) / len(rows)
-            metrics[f"domain/{name}/success"] = sum(o.correct for o in rows) / len(rows)
-            metrics[f"domain/{name}/errors"] = sum(Status(o.status) in _FAILED for o in rows)
     return metrics
 
 
@@ -464,7 +437,7 @@ def _log_to_trl(log_metric: Callable[[str, float], None], tasks: list[Task], ver
     for name, found in sorted(by_domain.items()):
         log_metric(f"palestra/{name}/reward", sum(v.result.reward for v in found) / len(found))
         log_metric(f"palestra/{name}/success", sum(v.result.correct for v in found) / len(found))
-    log_metric("palestra/verifier_failures", float(sum(v.result.status in _FAILED for v in verdicts)))
+    log_metric("palestra/verifier_failures", float(sum(v.result.status in FAILED for v in verdicts)))
     # of those, the completions the verifier could not judge at all (it raised, no sandbox, ...)
     log_metric("palestra/unscored", float(sum(not v.result.scored for v in verdicts)))
     for plan in recorded:

@@ -1,5 +1,5 @@
 """Adapters that let other trainers use Palestra's curriculum (scheduler, verifiers, store).
 
 Each adapter lives in its own module and imports its trainer's library lazily, so core Palestra
-never needs it installed: ``curriculum.integrations.trl`` drives TRL's ``GRPOTrainer``.
+never needs it installed: ``trainer.integrations.trl`` drives TRL's ``GRPOTrainer``.
 """

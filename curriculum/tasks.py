@@ -1,4 +1,5 @@
-"""Draw training tasks for a plan, keeping the held-out evaluation tasks out of training."""
+"""Draw training tasks for a plan, keeping the held-out evaluation tasks out of training; with a
+prompt selector, each slot draws extra candidates and the selector picks."""
 from __future__ import annotations
 
 import random

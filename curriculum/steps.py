@@ -1,0 +1,91 @@
+"""What a trainer hands the curriculum after a step — its groups — and what the curriculum makes of
+them: one store row per completion and the step's per-domain metrics. Every trainer (Palestra's
+recipe, the TRL integration) records through these, so their stored runs read alike."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from curriculum.types import Outcome, Plan, rewards_agree
+from domains.api import Domain, Status, Task, stable_hash
+from domains.pool import Verdict
+
+FAILED = frozenset({Status.ERROR, Status.TIMEOUT, Status.SANDBOX_VIOLATION})
+
+
+@dataclass
+class Group:
+    """One prompt's G verified completions, as trained on (or generated and left out)."""
+
+    task: Task
+    texts: list[str]  # [G] decoded completions
+    verdicts: list[Verdict]  # [G]
+    advantages: Sequence[float]  # [G] what each completion trained on; zeros for a group left out
+
+    @property
+    def rewards(self) -> list[float]:  # [G]
+        return [v.result.reward for v in self.verdicts]
+
+
+def outcomes(groups: Sequence[Group], domains: dict[str, Domain]) -> list[Outcome]:
+    """One store row per completion; ``group`` numbers the groups of the step in the order given."""
+    rows = []
+    for index, group in enumerate(groups):
+        task = group.task
+        prompt_hash, version = stable_hash(task.prompt), domains[task.domain].version
+        for text, verdict, advantage in zip(group.texts, group.verdicts, group.advantages):
+            rows.append(Outcome(
+                domain=task.domain, level=task.level, task_id=task.id, group=index,
+                reward=verdict.result.reward, correct=verdict.result.correct, status=verdict.result.status.value,
+                advantage=float(advantage), prompt_hash=prompt_hash, completion_hash=stable_hash(text),
+                latency_s=verdict.latency_s, completion=text, verifier_version=version,
+            ))
+    return rows
+
+
+def plan_metrics(plan: Plan, groups: Sequence[Group]) -> dict[str, Any]:
+    """The step's ``domain/<name>/...`` metrics: the plan's weight, level and prompts for every
+    domain, and what its completions earned for those that had any."""
+    per_domain = domain_metrics(groups)
+    metrics: dict[str, Any] = {}
+    for i, name in enumerate(plan.domains):
+        metrics[f"domain/{name}/weight"] = float(plan.weights[i])
+        metrics[f"domain/{name}/level"] = int(plan.levels[i])
+        metrics[f"domain/{name}/prompts"] = sum(n for (d, _), n in plan.counts.items() if d == name)
+        for key, value in per_domain.get(name, {}).items():
+            metrics[f"domain/{name}/{key}"] = value
+    return metrics
+
+
+def domain_metrics(groups: Sequence[Group]) -> dict[str, dict[str, float]]:
+    """Per domain: reward, success, zero-variance share, error counts, success by level and (tool
+    domains) call statistics."""
+    by_domain: dict[str, list[Group]] = defaultdict(list)
+    for group in groups:
+        by_domain[group.task.domain].append(group)
+    return {name: _one_domain(found) for name, found in by_domain.items()}
+
+
+def _one_domain(groups: list[Group]) -> dict[str, float]:
+    results = [(g.task.level, v.result) for g in groups for v in g.verdicts]
+    statuses = Counter(r.status for _, r in results)
+    stats = {
+        "reward": float(np.mean([r.reward for _, r in results])),
+        "success": float(np.mean([r.correct for _, r in results])),
+        "zero_var": float(np.mean([bool(rewards_agree(g.rewards)) for g in groups])),
+        "errors": sum(statuses[s] for s in FAILED),
+        "format_errors": statuses[Status.FORMAT_ERROR],
+        "unscored": sum(not r.scored for _, r in results),  # the verifier could not judge: no verdict
+    }
+    for level in sorted({lv for lv, _ in results}):
+        stats[f"level{level}/success"] = float(np.mean([r.correct for lv, r in results if lv == level]))
+    episodes = [r.details for _, r in results if "turns" in r.details]
+    if episodes:  # tool domains: their verifier reports what it replayed
+        calls = sum(d.get("calls", 0) for d in episodes)
+        stats["tool_calls"] = calls / len(episodes)
+        stats["turns"] = float(np.mean([d["turns"] for d in episodes]))
+        stats["invalid_call_rate"] = sum(d.get("invalid_calls", 0) for d in episodes) / max(1, calls)
+    return stats

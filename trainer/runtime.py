@@ -1,0 +1,69 @@
+"""What a training process needs around the recipe: seeding, CPU threads, stopping on a signal,
+the library versions a run is stored with, and how to tell the user to go on after a stop."""
+from __future__ import annotations
+
+import random
+import signal
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainer import distributed
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def within_share(threads: int | None) -> int:
+    """``threads``, but never more than this rank's share of the cores (None: the whole share):
+    ranks (or a rank and its verifier workers) that oversubscribe them spin-wait on each other."""
+    share = distributed.core_share()
+    return share if threads is None else min(threads, share)
+
+
+def resume_hint(path: Path | None) -> str:
+    """How to go on: a saved checkpoint's path, or why there is none (other ranks do not save, and a
+    model with non-finite weights is never saved)."""
+    if path is None:
+        return "resume from the last checkpoint saved (none was saved now)"
+    return f"resume with resume={path}"
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of what decides rewards and updates, stored with the run for audits."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("palestra", "math-verify", "sympy", "torch", "transformers", "jsonschema"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+class StopOnSignal:
+    """Turn SIGTERM/SIGINT into a request to stop after the current step (main thread only)."""
+
+    def __enter__(self) -> "StopOnSignal":
+        self.requested = False
+        self.signum = signal.SIGINT
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._request)
+        return self
+
+    def _request(self, signum, frame) -> None:
+        if self.requested:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.requested, self.signum = True, signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

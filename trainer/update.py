@@ -1,0 +1,197 @@
+"""The policy update of one GRPO step: ``mu`` passes of the clipped objective over the step's rows
+in micro-batches, plus the SFT blend's supervised loss; one optimizer step per pass.
+
+It owns the whole loss normaliser. With several ranks each trains on its contiguous share of the
+rows and weights every loss term by its share of the *whole step's* normaliser — tokens for
+token_mean, sequences for seq_mean and constant, reference tokens for the SFT blend — so the
+gradients summed over the ranks are the one-process gradient, and so are the summed statistics.
+Needs a model and an optimizer, no store or verifier pool, so a test can call it on its own.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, ContextManager
+
+import torch
+
+from domains.api import Domain, Task
+from trainer.config import TrainerConfig
+from trainer.distributed import World
+from trainer.losses import grpo_loss
+from trainer.rollout import Rollout, sequence_logprobs
+from trainer.sft import reference_pairs, supervised_loss
+
+# A row whose |advantage| is below this adds nothing to the policy loss (see rows_to_train).
+_NO_ADVANTAGE = 1e-6
+
+
+@dataclass
+class SFTBlend:
+    """This rank's reference examples for the SFT blend and their share of the step's reference
+    tokens (the supervised loss is a token mean over all of them)."""
+
+    pairs: list
+    share: float
+    pad_id: int  # the tokenizer's, for the examples' batches
+
+
+def blend_for_rank(tokenizer, domains: dict[str, Domain], tasks: list[Task], lo: int, hi: int) -> SFTBlend | None:
+    """The blend of tasks[lo:hi] — the blend splits the step's tasks, not its rows, so each task's
+    references go to one rank — or None when no task of the step has a reference."""
+    per_task = [reference_pairs(tokenizer, [task], domains) for task in tasks]
+    tokens = [sum(sum(mask) for *_, mask in pairs) for pairs in per_task]
+    if not sum(tokens):
+        return None
+    return SFTBlend([pair for pairs in per_task[lo:hi] for pair in pairs], sum(tokens[lo:hi]) / sum(tokens),
+                    tokenizer.pad_token_id)
+
+
+def rows_to_train(advantages: torch.Tensor, skip_zero_advantage: bool) -> torch.Tensor:
+    """Which rows of the step enter the update (a bool per row).
+
+    A row whose advantage is zero (mostly: its group's rewards all agree) adds nothing to the
+    policy loss; with ``skip_zero_advantage`` it is left out, and so is its forward, backward and
+    reference pass. The loss keeps the whole step's normaliser, so the gradient is unchanged when
+    beta and entropy_coef are 0; otherwise those rows' KL and entropy terms go too, and the KL
+    anchor holds only where the policy is still learning. The tolerance catches rows of a varied
+    group of partial rewards whose advantage is zero up to float error."""
+    if not skip_zero_advantage:
+        return torch.ones_like(advantages, dtype=torch.bool)
+    return advantages.abs() > _NO_ADVANTAGE
+
+
+def padding_bounds(attn: torch.Tensor, mask: torch.Tensor | None, prompt_width: int) -> tuple[int, int]:
+    """Columns a micro-batch can drop: the prompt padding every row shares on the left, and (given
+    the loss mask) the completion columns after its last counted token. Batches that mix short
+    math answers with long tool episodes would otherwise pay for the longest row everywhere."""
+    real = attn[:, :prompt_width].any(dim=0).nonzero()
+    left = int(real[0]) if len(real) else 0
+    if mask is None:
+        return left, attn.shape[1] - prompt_width
+    counted = mask.any(dim=0).nonzero()
+    right = int(counted[-1]) + 1 if len(counted) else 1
+    return left, right
+
+
+class PolicyUpdate:
+    """Applies GRPO updates to ``model`` with ``optimizer``; ``ref_model`` anchors the KL term."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_schedule, settings: TrainerConfig,
+                 *, ref_model: torch.nn.Module | None = None, world: World | None = None,
+                 autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+                 alarm: Callable[[str], None] = print) -> None:
+        self.model, self.optimizer, self.lr_schedule, self.settings = model, optimizer, lr_schedule, settings
+        self.ref_model, self.world, self.autocast, self.alarm = ref_model, world or World(), autocast, alarm
+
+    def __call__(self, rollout: Rollout, advantages: torch.Tensor, blend: SFTBlend | None = None) -> dict[str, float]:
+        """Train on ``rollout`` ([B, L] rows) with ``advantages`` [B]; returns the update's statistics."""
+        t, device = self.settings, next(self.model.parameters()).device
+        mask = rollout.completion_mask.float()
+        if t.mask_truncated:
+            mask[rollout.truncated] = 0.0
+        step_rows, total_tokens = mask.shape[0], float(mask.sum().clamp(min=1.0))  # the whole step's
+        trained = rows_to_train(advantages, t.skip_zero_advantage).nonzero().flatten()
+        # kl, entropy and the clip fractions are reported as means over the rows trained on
+        stat_rows, stat_tokens = max(1, len(trained)), float(mask[trained].sum().clamp(min=1.0))
+        first, last = self.world.share(len(trained))
+        mine = trained[first:last]  # this rank's rows: an even share of those trained on
+        rows = _Rows(rollout.sequences[mine].to(device), rollout.attention_mask[mine].to(device),
+                     mask[mine].to(device), advantages[mine].to(device), rollout.prompt_width)
+        chunks = [slice(i, min(i + t.micro_batch_size, len(mine))) for i in range(0, len(mine), t.micro_batch_size)]
+        old_logp = self.frozen_logprobs(self.model, rows, chunks) if t.mu > 1 else None
+        ref_logp = self.frozen_logprobs(self.ref_model, rows, chunks) if self.ref_model is not None else None
+        norm = _Normaliser(t.aggregation, step_rows, total_tokens, stat_rows, stat_tokens)
+        stats: dict[str, float] = defaultdict(float)
+        grad_norm = 0.0
+        for _ in range(t.mu):
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in chunks:
+                self._policy_loss(rows, mb, old_logp, ref_logp, norm, stats)
+            if blend is not None and blend.pairs:
+                sft = supervised_loss(self.model, blend.pairs, blend.pad_id)
+                (t.sft_coef * blend.share * sft).backward()
+                stats["sft_loss"] += sft.item() * blend.share / t.mu
+            grad_norm += self.optimizer_step() / t.mu
+        # a step that trained no row measured no KL or entropy: those keys stay out (not zeros)
+        keys = ["loss", "policy_loss"] + (["kl", "clip_low_frac", "clip_high_frac", "entropy"] if len(trained) else [])
+        update = self.world.sum_floats(stats, keys + (["sft_loss"] if blend is not None else []))
+        update.update(grad_norm=grad_norm, lr=self.lr_schedule.get_last_lr()[0], trained_row_share=len(trained) / step_rows)
+        self.lr_schedule.step()
+        return update
+
+    def _policy_loss(self, rows: "_Rows", mb: slice, old_logp, ref_logp, norm: "_Normaliser",
+                     stats: dict[str, float]) -> None:
+        """One micro-batch's clipped-objective loss, backpropagated with its weight in the step."""
+        t = self.settings
+        weight, stat_weight = norm.weights(rows.mask[mb])
+        left, right = padding_bounds(rows.attn[mb], rows.mask[mb], rows.prompt_width)
+        columns = slice(left, rows.prompt_width + right)
+        with self.autocast():
+            logp, entropy = sequence_logprobs(self.model, rows.seqs[mb, columns], rows.attn[mb, columns],
+                                              rows.prompt_width - left, with_entropy=True, temperature=t.temperature)
+        out = grpo_loss(
+            logp, old_logp[mb, :right] if old_logp is not None else logp.detach(), rows.adv[mb], rows.mask[mb, :right],
+            eps_low=t.eps_low, eps_high=t.eps_high, aggregation=t.aggregation, max_tokens=t.max_new_tokens,
+            ref_logp=ref_logp[mb, :right] if ref_logp is not None else None, beta=t.beta,
+            entropy=entropy if t.entropy_coef > 0 else entropy.detach(), entropy_coef=t.entropy_coef,
+        )
+        (out.loss * weight).backward()
+        for key in ("kl", "clip_low_frac", "clip_high_frac", "entropy"):
+            stats[key] += getattr(out, key) * stat_weight / t.mu
+        stats["policy_loss"] += out.policy_loss * weight / t.mu
+        stats["loss"] += out.loss.item() * weight / t.mu
+
+    def optimizer_step(self) -> float:
+        """Sum the ranks' gradients, clip, step; a non-finite gradient norm skips the step (and says so)."""
+        self.world.sum_gradients(self.model)  # each rank's share of the step's gradient -> the whole
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip))
+        if not math.isfinite(grad_norm):
+            # A NaN/inf gradient would poison the weights; skip this update and say so.
+            self.alarm(f"alarm: non-finite gradient norm ({grad_norm}); update skipped")
+            self.optimizer.zero_grad(set_to_none=True)
+            return float("nan")
+        self.optimizer.step()
+        return grad_norm
+
+    @torch.no_grad()
+    def frozen_logprobs(self, model: torch.nn.Module, rows: "_Rows", chunks: list[slice]) -> torch.Tensor:
+        """Log-probs [B, L] under a frozen model (old policy or reference), micro-batch by micro-batch."""
+        out = torch.zeros(rows.seqs.shape[0], rows.seqs.shape[1] - rows.prompt_width, device=rows.seqs.device)
+        with self.autocast():
+            for mb in chunks:
+                left = padding_bounds(rows.attn[mb], None, rows.prompt_width)[0]
+                out[mb] = sequence_logprobs(model, rows.seqs[mb, left:], rows.attn[mb, left:], rows.prompt_width - left,
+                                            temperature=self.settings.temperature)[0]
+        return out
+
+
+@dataclass
+class _Rows:
+    """This rank's rows of the step, on the model's device."""
+
+    seqs: torch.Tensor  # [B, W + L] prompt and completion ids
+    attn: torch.Tensor  # [B, W + L]
+    mask: torch.Tensor  # [B, L] completion tokens that count in the loss
+    adv: torch.Tensor  # [B]
+    prompt_width: int  # W
+
+
+@dataclass
+class _Normaliser:
+    """A micro-batch's weight in the step's loss and in its reported statistics."""
+
+    aggregation: str
+    step_rows: int  # rows of the whole step (all ranks)
+    total_tokens: float  # counted completion tokens of the whole step
+    stat_rows: int  # rows trained on
+    stat_tokens: float  # their counted tokens
+
+    def weights(self, mask: torch.Tensor) -> tuple[float, float]:
+        if self.aggregation == "token_mean":
+            tokens = float(mask.sum())
+            return tokens / self.total_tokens, tokens / self.stat_tokens
+        rows = mask.shape[0]
+        return rows / self.step_rows, rows / self.stat_rows
