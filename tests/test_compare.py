@@ -10,6 +10,7 @@ from curriculum.config import parse_difficulty, parse_policy
 from curriculum.sim.config import ScenarioConfig, SimAppConfig
 from curriculum.sim.runner import run_sim
 from curriculum.store import StatsStore
+from quick_settings import quick
 
 
 def curves(label, seed, macro, rollouts_per_step=10, domains=None):
@@ -98,7 +99,7 @@ def test_a_training_sweep_compares_from_its_held_out_evaluations(tmp_path, capsy
     url = f"sqlite:///{tmp_path / 'train_sweep.db'}"
     tiny = {"type": "tiny", "tiny": {"hidden_size": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate_size": 64}}
     for n, policy in enumerate(("uniform", "learnability")):
-        run(validate_config({
+        run(validate_config(quick({
             "name": "sweep", "seed": 0, "sweep_id": "trainsweep", "output_dir": str(tmp_path / f"run{n}"),
             "model": tiny, "domains": ["arithmetic", "fractions"], "policy": {"type": policy},
             "difficulty": {"type": "threshold"}, "store": {"url": url},
@@ -106,7 +107,7 @@ def test_a_training_sweep_compares_from_its_held_out_evaluations(tmp_path, capsy
                         "rollout_batch_size": 8, "micro_batch_size": 8},
             "verifier": {"workers": 1}, "sft": {"steps": 2, "batch_size": 8},
             "eval": {"tasks_per_level": 1, "every": 1},
-        }))
+        })))
     with StatsStore(url) as store:
         [first, _] = store.runs()
         stored = {r["step"]: r for r in store.metrics(first["id"]) if "heldout/macro" in r}

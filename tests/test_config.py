@@ -55,19 +55,19 @@ def test_defaults_are_the_main_job():
 def test_stable_keys_override():
     config = _compose([
         "seed=7", "domains=[arithmetic]", "policy=uniform", "store.url=sqlite:///x.db", "trainer.steps=3",
-        "trainer.prompts_per_step=4", "trainer.group_size=2", "trainer.lr=0.01", "sft.steps=0", "eval.every=2",
+        "trainer.prompts_per_step=4", "trainer.group_size=2", "trainer.optim.lr=0.01", "sft.steps=0", "eval.every=2",
         "resume=auto",
     ])
     assert (config.seed, config.domains, config.policy.type, config.store.url) == (7, ["arithmetic"], "uniform", "sqlite:///x.db")
     assert (config.trainer.steps, config.trainer.prompts_per_step, config.trainer.group_size) == (3, 4, 2)
-    assert (config.trainer.lr, config.sft.steps, config.eval.every, config.resume) == (0.01, 0, 2, "auto")
+    assert (config.trainer.optim.lr, config.sft.steps, config.eval.every, config.resume) == (0.01, 0, 2, "auto")
 
 
 @pytest.mark.parametrize("override,message", [
-    ("trainer.lr=-1", "trainer.lr: Input should be greater than 0"),
+    ("trainer.optim.lr=-1", "trainer.optim.lr: Input should be greater than 0"),
     ("trainer.group_size=1", "trainer.group_size: Input should be greater than or equal to 2"),
     ("+trainer.lrr=1", "trainer.lrr: Extra inputs are not permitted"),
-    ("trainer.aggregation=median", "trainer.aggregation: Input should be 'seq_mean', 'token_mean' or 'constant'"),
+    ("trainer.loss.aggregation=median", "trainer.loss.aggregation: Input should be 'seq_mean', 'token_mean' or 'constant'"),
     ("policy.floor=-0.5", "policy.floor:"),
     ("model=hf", "model: model.name_or_path is required when model.type is hf"),
     ("difficulty.lower_below=0.8", "difficulty: lower_below (0.8) must be below raise_above (0.7)"),
@@ -131,7 +131,7 @@ def test_a_mistyped_key_fails_in_one_line_with_the_nearest_key(override, message
 def test_keys_hydra_and_the_config_know_pass_the_key_check():
     check_override_keys([
         "trainer.steps=2,3", "model=hf", "policy=tscl", "policy.unseen_success=0.3",  # a key of another policy
-        "+experiment=reasoning_gym", "++trainer.lr=1", "~sft", "hydra.run.dir=/tmp/x", "-m", "--cfg", "job",
+        "+experiment=reasoning_gym", "++trainer.optim.lr=1", "~sft", "hydra.run.dir=/tmp/x", "-m", "--cfg", "job",
         "domain_options.arithmetic.anything=1", "domains=[arithmetic]", "sim=default",
     ], GROUPS)
 
@@ -150,7 +150,8 @@ def test_a_refused_config_leaves_no_run_folder_but_keeps_one_in_use(tmp_path):
 
     done = train(tmp_path / "fresh")
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
-        "error: trainer.lr: Input should be greater than 0"]
+        "note: trainer.lr is now trainer.optim.lr; the flat key is accepted for a while",
+        "error: trainer.optim.lr: Input should be greater than 0"]
     assert not (tmp_path / "fresh").exists()  # Hydra made it, with its config and log; nothing else was written
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "palestra.db").write_bytes(b"an earlier run's store")
@@ -171,3 +172,65 @@ def test_changed_settings_names_nested_keys_and_leaves_out_where_a_launch_writes
         "health.kl_max: (absent) -> None",  # a section the start lacked: each of its settings
         "trainer.mu: 1 -> 2", "trainer.sft_coef: (absent) -> 1.0", "versions.torch: '2.12' -> '2.13'"]
     assert changed_settings(now, now) == []
+
+
+# -- one source of defaults, and the trainer's groups ---------------------------------------------------
+# Where a config built in Python may differ from the main job's: where it writes (Hydra stamps the
+# folder) and the two sections the schema makes the user choose.
+INTENDED_DIFFERENCES = {"output_dir", "policy", "difficulty"}
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_the_schema_defaults_are_the_main_job():
+    """A PalestraConfig built in Python trains the recipe palestra-train runs: every default of the
+    schema equals conf/'s main job, except where INTENDED_DIFFERENCES says."""
+    from trainer.config import PalestraConfig
+
+    main_job = _leaves(_compose([]).model_dump(mode="json"))
+    schema = _leaves(PalestraConfig(policy={"type": "learnability"}, difficulty={"type": "threshold"}).model_dump(mode="json"))
+    differing = sorted(k for k in main_job.keys() | schema.keys()
+                       if k.split(".")[0] not in INTENDED_DIFFERENCES and main_job.get(k, "absent") != schema.get(k, "absent"))
+    assert differing == [], [(k, schema.get(k, "absent"), main_job.get(k, "absent")) for k in differing]
+
+
+def test_the_trainer_settings_are_grouped_by_what_they_govern():
+    config = _compose(["trainer.sampling.temperature=0.9", "trainer.loss.beta=0", "trainer.optim.mu=1",
+                       "trainer.system.cpu_threads=1"])
+    t = config.trainer
+    assert (t.sampling.temperature, t.loss.beta, t.optim.mu, t.system.cpu_threads) == (0.9, 0.0, 1, 1)
+
+
+def test_old_flat_trainer_keys_are_accepted_with_a_one_line_note(capsys):
+    from trainer.config import regroup_overrides
+
+    config = validate_config({"policy": {"type": "uniform"}, "difficulty": {"type": "fixed"},
+                              "trainer": {"lr": 2e-4, "mu": 1, "log_every": 5, "optim": {"warmup_steps": 1}}})
+    assert (config.trainer.optim.lr, config.trainer.optim.mu, config.trainer.optim.warmup_steps) == (2e-4, 1, 1)
+    notes = capsys.readouterr().err.splitlines()
+    assert notes == ["note: trainer.log_every is read by nothing and is ignored; drop it",
+                     "note: trainer.lr is now trainer.optim.lr; the flat key is accepted for a while",
+                     "note: trainer.mu is now trainer.optim.mu; the flat key is accepted for a while"]
+    assert regroup_overrides(["trainer.temperature=0.5", "trainer.steps=3", "seed=1"]) == [
+        "trainer.sampling.temperature=0.5", "trainer.steps=3", "seed=1"]
+
+
+def test_a_run_stored_with_flat_trainer_keys_resumes_without_reporting_them_changed():
+    from trainer.config import as_stored_now, changed_settings
+
+    now = validate_config({"policy": {"type": "uniform"}, "difficulty": {"type": "fixed"}}).model_dump(mode="json")
+    flat = dict(now, trainer={"steps": 100, "prompts_per_step": 12, "group_size": 8, "log_every": 1,
+                              **{k: v for group in ("sampling", "loss", "optim", "system")
+                                 for k, v in now["trainer"][group].items()}})
+    assert len(changed_settings(flat, now)) > 20  # read as they are, every setting moved
+    assert changed_settings(as_stored_now(flat), now) == []
+    flat["trainer"]["lr"] = 5e-5
+    assert changed_settings(as_stored_now(flat), now) == ["trainer.optim.lr: 5e-05 -> 0.0001"]

@@ -31,6 +31,7 @@ import trainer.grpo
 from trainer.grpo import GRPORecipe
 from trainer.losses import group_advantages
 from trainer.update import PolicyUpdate
+from quick_settings import quick
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # spawned verifier workers import distributed_helpers from here
@@ -92,11 +93,12 @@ def one_step(tmp_path_factory):
         "name": "dp", "seed": 7, "output_dir": str(tmp_path_factory.mktemp("dp") / "run"), "model": TINY,
         "domains": ["distributed_helpers:DIGITS", "arithmetic"],
         "policy": {"type": "uniform"}, "difficulty": {"type": "threshold"},
-        "trainer": {"steps": 1, "prompts_per_step": 5, "group_size": 4, "max_new_tokens": 8, "lr": 1e-2,
-                    "rollout_batch_size": 8, "micro_batch_size": 3, "beta": 0.04},
+        "trainer": {"steps": 1, "prompts_per_step": 5, "group_size": 4,
+                    "sampling": {"max_new_tokens": 8, "rollout_batch_size": 8},
+                    "optim": {"lr": 1e-2, "micro_batch_size": 3}, "loss": {"beta": 0.04}},
         "verifier": {"workers": 1}, "sft": {"steps": 0}, "eval": {"tasks_per_level": 1},
     }
-    recipe = GRPORecipe(validate_config(raw))
+    recipe = GRPORecipe(validate_config(quick(raw)))
     recipe.setup()
     try:
         rollouts = recipe.collector.collect_step(recipe.curriculum.plan(1), recipe.curriculum, defaultdict(float))
@@ -121,7 +123,7 @@ def _update_as(recipe, world, batch, advantages, weights):
 @pytest.mark.parametrize("size", [2, 8])  # 8 ranks for 5 prompts: some ranks train on nothing
 def test_rank_gradients_add_up_to_the_one_process_gradient(one_step, aggregation, sft_coef, size):
     recipe, batch = one_step
-    recipe.cfg.trainer.aggregation, recipe.cfg.trainer.sft_coef = aggregation, sft_coef
+    recipe.cfg.trainer.loss.aggregation, recipe.cfg.trainer.loss.sft_coef = aggregation, sft_coef
     advantages = group_advantages(batch.rewards, "batch").flatten()
     assert advantages.abs().sum() > 0  # graded rewards: there is a gradient to compare
     weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
@@ -144,19 +146,19 @@ def test_rows_with_zero_advantage_skip_the_update_without_changing_its_gradient(
     update (skip_zero_advantage) must give the same gradient, in one process and summed over ranks."""
     recipe, batch = one_step
     t = recipe.cfg.trainer
-    t.aggregation, t.sft_coef, t.beta = aggregation, 0.0, 0.0
+    t.loss.aggregation, t.loss.sft_coef, t.loss.beta = aggregation, 0.0, 0.0
     advantages = group_advantages(batch.rewards, "batch")
     advantages[::2] = 0.0  # every other group agrees on its rewards
     advantages = advantages.flatten()
     weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     try:
-        t.skip_zero_advantage = False
+        t.loss.skip_zero_advantage = False
         every_row, _ = _update_as(recipe, RecordingWorld(0, 1), batch, advantages, weights)
-        t.skip_zero_advantage = True
+        t.loss.skip_zero_advantage = True
         skipped, stats = _update_as(recipe, RecordingWorld(0, 1), batch, advantages, weights)
         parts = [_update_as(recipe, RecordingWorld(r, 2), batch, advantages, weights) for r in range(2)]
     finally:
-        t.skip_zero_advantage, t.beta = False, 0.04
+        t.loss.skip_zero_advantage, t.loss.beta = False, 0.04
         _as_rank(recipe, World())
         recipe.model.load_state_dict(weights)
     assert any(g.abs().sum() > 0 for g in every_row.values())
@@ -173,13 +175,13 @@ def test_rows_with_zero_advantage_skip_the_update_without_changing_its_gradient(
 
 def test_a_step_whose_groups_all_agree_trains_on_nothing_when_skipping(one_step):
     recipe, batch = one_step
-    recipe.cfg.trainer.skip_zero_advantage, recipe.cfg.trainer.sft_coef = True, 0.0
+    recipe.cfg.trainer.loss.skip_zero_advantage, recipe.cfg.trainer.loss.sft_coef = True, 0.0
     weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     try:
         grads, stats = _update_as(recipe, RecordingWorld(0, 1), batch, torch.zeros(len(batch.rewards.flatten())), weights)
         after = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     finally:
-        recipe.cfg.trainer.skip_zero_advantage = False
+        recipe.cfg.trainer.loss.skip_zero_advantage = False
         recipe.model.load_state_dict(weights)
     assert grads == {} and stats["loss"] == 0.0 and stats["trained_row_share"] == 0.0
     assert "kl" not in stats and "entropy" not in stats  # nothing measured, so nothing reported
@@ -191,7 +193,7 @@ def test_the_rehearsal_blend_is_a_function_of_seed_and_step_alone(one_step):
     resumed run blends what the first would have, and drawing them leaves the training stream
     (and so the training tasks) alone. Held-out tasks never enter it."""
     recipe, batch = one_step
-    recipe.cfg.trainer.sft_coef, recipe.cfg.trainer.sft_source = 0.5, "warm_start"
+    recipe.cfg.trainer.loss.sft_coef, recipe.cfg.trainer.loss.sft_source = 0.5, "warm_start"
     source = recipe.curriculum.inner.tasks
     heldout, seed = source.heldout_ids, recipe.cfg.seed
     try:
@@ -204,11 +206,11 @@ def test_the_rehearsal_blend_is_a_function_of_seed_and_step_alone(one_step):
         recipe.cfg.seed = seed
         source.heldout_ids = heldout | set(blends[3])  # hold out exactly what step 3 would blend
         redrawn = [task.id for task in recipe.blend_tasks(3, batch.tasks)]
-        recipe.cfg.trainer.sft_source = "step"
+        recipe.cfg.trainer.loss.sft_source = "step"
         own = recipe.blend_tasks(3, batch.tasks)
     finally:
-        recipe.cfg.trainer.sft_source, source.heldout_ids, recipe.cfg.seed = "step", heldout, seed
-        recipe.cfg.trainer.sft_coef = 0.0
+        recipe.cfg.trainer.loss.sft_source, source.heldout_ids, recipe.cfg.seed = "step", heldout, seed
+        recipe.cfg.trainer.loss.sft_coef = 0.0
     assert all(len(ids) == len(batch.tasks) for ids in blends.values())
     assert blends[3] != blends[4] and blends[3] != other_seed  # a fresh draw each step and seed
     assert len({domain for domain, _ in slots}) == 2 and len(slots) >= 4  # every domain, several levels
@@ -244,17 +246,17 @@ def test_a_step_trains_the_blend_on_the_rehearsal_tasks(one_step, monkeypatch):
     monkeypatch.setattr(recipe.collector, "collect_step", recording_collect)
     monkeypatch.setattr(trainer.grpo, "blend_for_rank", recording_blend)
     monkeypatch.setattr(PolicyUpdate, "__call__", recording_update)
-    t.sft_coef, t.sft_source = 0.5, "warm_start"
+    t.loss.sft_coef, t.loss.sft_source = 0.5, "warm_start"
     try:
         with pytest.raises(_Stop):
             recipe.train_step(1)
         batch, blended = seen[0]["batch"], seen[0]["blended"]
         expected = [task.id for task in recipe.blend_tasks(1, batch.tasks)]
-        t.sft_coef = 0.0
+        t.loss.sft_coef = 0.0
         with pytest.raises(_Stop):
             recipe.train_step(1)
     finally:
-        t.sft_coef, t.sft_source = 0.0, "step"
+        t.loss.sft_coef, t.loss.sft_source = 0.0, "step"
     assert [task.id for task in blended] == expected != [task.id for task in batch.tasks]
     assert seen[0]["blend"].pairs and seen[0]["blend"].share == 1.0  # one rank: the whole blend
     assert "blended" not in seen[1] and seen[1]["blend"] is None  # no blend, no tasks for it
@@ -262,16 +264,16 @@ def test_a_step_trains_the_blend_on_the_rehearsal_tasks(one_step, monkeypatch):
 
 # -- torchrun end to end --------------------------------------------------------------------------------
 OVERRIDES = [
-    "seed=5", "trainer.steps=2", "trainer.prompts_per_step=5", "trainer.group_size=4", "trainer.max_new_tokens=8",
-    "trainer.rollout_batch_size=4", "trainer.micro_batch_size=6", "trainer.lr=1e-2", "trainer.beta=0.04",
-    "trainer.advantage_std=batch", "trainer.aggregation=token_mean", "trainer.cpu_threads=1",
-    "trainer.update_cpu_threads=1", "sft.cpu_threads=1", "verifier.workers=1", "sft.steps=2",
+    "seed=5", "trainer.steps=2", "trainer.prompts_per_step=5", "trainer.group_size=4", "trainer.sampling.max_new_tokens=8",
+    "trainer.sampling.rollout_batch_size=4", "trainer.optim.micro_batch_size=6", "trainer.optim.lr=1e-2", "trainer.loss.beta=0.04",
+    "trainer.loss.advantage_std=batch", "trainer.loss.aggregation=token_mean", "trainer.system.cpu_threads=1",
+    "trainer.system.update_cpu_threads=1", "sft.cpu_threads=1", "verifier.workers=1", "sft.steps=2",
     "sft.batch_size=8", "eval.tasks_per_level=1", "checkpoint.every=1", "domains=[distributed_helpers:DIGITS,arithmetic]",
     "model.tiny.hidden_size=32", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
     "model.tiny.intermediate_size=64", "model.device=cpu",  # gloo on the CPU, also where a GPU is visible
     # the rehearsal blend: rank 0 draws it for every rank; tasks drawn on rank 1 from its own copy
     # of the training stream (which only rank 0 advances) would part the weights from one process
-    "trainer.sft_coef=0.5", "trainer.sft_source=warm_start",
+    "trainer.loss.sft_coef=0.5", "trainer.loss.sft_source=warm_start",
 ]
 
 
@@ -360,10 +362,10 @@ def test_every_log_prob_of_the_update_is_taken_at_the_sampling_temperature(one_s
     monkeypatch.setattr(trainer.update, "sequence_logprobs", recording)
     t = recipe.cfg.trainer
     weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
-    t.temperature, t.mu = 0.7, 2  # mu > 1: the old policy's log-probs are taken too
+    t.sampling.temperature, t.optim.mu = 0.7, 2  # mu > 1: the old policy's log-probs are taken too
     try:
         recipe.update(batch.rollout, group_advantages(batch.rewards, "batch").flatten(), None)
     finally:
-        t.temperature, t.mu = 1.0, 1
+        t.sampling.temperature, t.optim.mu = 1.0, 1
         recipe.model.load_state_dict(weights)
     assert recipe.ref_model is not None and len(seen) >= 3 and set(seen) == {0.7}

@@ -9,6 +9,7 @@ import torch
 from curriculum.store import StatsStore
 from domains.registry import available, load
 from trainer.config import validate_config
+from quick_settings import quick
 from trainer.grpo import GRPORecipe
 from trainer.losses import group_advantages
 
@@ -65,7 +66,7 @@ def tiny_config(tmp_path, **overrides):
     }
     for key, value in overrides.items():
         raw.setdefault(key, {}).update(value) if isinstance(value, dict) else raw.__setitem__(key, value)
-    return validate_config(raw)
+    return validate_config(quick(raw))
 
 
 def test_plugin_is_discovered_through_entry_points(plugin_package):

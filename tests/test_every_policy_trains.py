@@ -17,9 +17,9 @@ def _train(tmp_path, override: str) -> dict:
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
             override, f"output_dir={tmp_path}", "domains=[arithmetic,fractions]", "trainer.steps=2",
-            "trainer.prompts_per_step=4", "trainer.group_size=2", "trainer.max_new_tokens=4",
+            "trainer.prompts_per_step=4", "trainer.group_size=2", "trainer.sampling.max_new_tokens=4",
             "verifier.workers=1", "sft.steps=0", "eval.tasks_per_level=1", *TINY,
-            "trainer.dynamic_sampling=false",  # every planned group trains, none is refilled: the counts below
+            "trainer.sampling.dynamic_sampling=false",  # every planned group trains, none is refilled: the counts below
         ])
     return run(to_config(cfg))
 

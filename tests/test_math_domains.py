@@ -84,7 +84,7 @@ def test_prompts_and_references_stay_short(domain: ProceduralMath, level: int) -
     """References and their end token fit the trainer's default generation budget (a token a
     character for the tiny model). Level 5's longest, ``-50+(-50)=-100,...``, is drawn rarely, so
     it is checked by name."""
-    budget = TrainerConfig().max_new_tokens
+    budget = TrainerConfig().sampling.max_new_tokens
     for task in domain.sample(level, 500, random.Random(level)):
         assert len(_text(task)) < MAX_PROMPT_CHARS, _text(task)
         assert len(domain.reference(task)) + 1 <= budget, domain.reference(task)

@@ -29,6 +29,7 @@ from domains.pool import Verdict, VerifierPool  # noqa: E402
 from domains.ray_pool import RayVerifierPool  # noqa: E402
 from domains.registry import load  # noqa: E402
 from trainer.config import ConfigError, validate_config  # noqa: E402
+from quick_settings import quick  # noqa: E402
 
 DEADLINE_S = UNRULY.config.verify_timeout_s
 RESULT_WAIT_S = 60  # a bound on Future.result so a broken pool fails the test instead of hanging
@@ -256,7 +257,7 @@ def test_the_conf_tree_selects_ray_by_override():
 def test_grpo_steps_verify_on_ray(tmp_path, pool):
     from trainer.grpo import GRPORecipe
 
-    config = validate_config({
+    config = validate_config(quick({
         "name": "ray", "seed": 1, "output_dir": str(tmp_path / "run"),
         "model": {"type": "tiny", "tiny": {"hidden_size": 32, "layers": 2, "heads": 2, "kv_heads": 1,
                                             "intermediate_size": 64}},
@@ -265,7 +266,7 @@ def test_grpo_steps_verify_on_ray(tmp_path, pool):
                     "rollout_batch_size": 16, "micro_batch_size": 16},
         "verifier": {"backend": "ray", "workers": 1, "ray_cpus_per_worker": SHARED_CPUS_PER_WORKER},
         "sft": {"steps": 0}, "eval": {"tasks_per_level": 1},
-    })
+    }))
     recipe = GRPORecipe(config)
     try:
         recipe.setup()

@@ -14,6 +14,7 @@ from domains.pool import VerifierPool, verify_guarded
 from domains.reasoning_gym import ReasoningGymDomain, dataset_names, decode, encode
 from domains.registry import DomainError, available, expand, load, load_all
 from trainer.config import validate_config
+from quick_settings import quick
 
 # A spread over reasoning-gym's categories, including scorers that compare tuples (arc_agi, rearc)
 # and metadata with numpy values (codeio, knights_knaves).
@@ -283,7 +284,7 @@ def test_training_runs_on_every_reasoning_gym_domain(tmp_path):
     from trainer.app import run
 
     steps, prompts, group = 2, 8, 2
-    config = validate_config({
+    config = validate_config(quick({
         "name": "rg", "seed": 0, "output_dir": str(tmp_path / "run"),
         "model": {"type": "tiny", "tiny": {"hidden_size": 32, "layers": 2, "heads": 2, "kv_heads": 1,
                                             "intermediate_size": 64}},
@@ -293,7 +294,7 @@ def test_training_runs_on_every_reasoning_gym_domain(tmp_path):
                     "rollout_batch_size": 8, "micro_batch_size": 2, "beta": 0.0},
         "verifier": {"workers": 1}, "sft": {"steps": 0}, "eval": {"tasks_per_level": 1},
         "checkpoint": {"every": 0},
-    })
+    }))
     summary = run(config)
     assert len([k for k in summary["before"] if k.count("/") == 1 and k != "eval/macro"]) >= 100
     with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:

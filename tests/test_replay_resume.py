@@ -20,6 +20,7 @@ from curriculum.store import StatsStore
 from trainer.app import run
 from trainer.config import ConfigError, validate_config
 from trainer.grpo import GRPORecipe
+from quick_settings import quick
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # spawned verifier workers import replay_helpers from here
@@ -28,13 +29,13 @@ TINY = {"type": "tiny", "tiny": {"hidden_size": 32, "layers": 2, "heads": 2, "kv
 
 
 def tiny(tmp_path, domains, steps, **extra):
-    return {
+    return quick({
         "name": "audit", "seed": 11, "output_dir": str(tmp_path / "run"), "model": TINY, "domains": domains,
         "policy": {"type": "learnability"}, "difficulty": {"type": "threshold"},
         "trainer": {"steps": steps, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8,
                     "rollout_batch_size": 16, "micro_batch_size": 16},
         "verifier": {"workers": 1}, "sft": {"steps": 3, "batch_size": 8}, "eval": {"tasks_per_level": 1}, **extra,
-    }
+    })
 
 
 def test_replay_finds_no_mismatch_for_deterministic_verifiers(tmp_path, capsys):
@@ -119,8 +120,8 @@ def test_replay_flags_a_nondeterministic_verifier(tmp_path, capsys):
 def _train_cli(output_dir: Path, steps: int, resume: str = "never") -> subprocess.Popen:
     # hydra.run.dir (output_dir follows it) keeps Hydra's own files out of the source tree's outputs/
     args = [sys.executable, "-m", "trainer.app", f"hydra.run.dir={output_dir}", "seed=5", f"trainer.steps={steps}",
-            "trainer.prompts_per_step=4", "trainer.group_size=4", "trainer.max_new_tokens=8",
-            "trainer.rollout_batch_size=16", "trainer.micro_batch_size=16", "verifier.workers=1",
+            "trainer.prompts_per_step=4", "trainer.group_size=4", "trainer.sampling.max_new_tokens=8",
+            "trainer.sampling.rollout_batch_size=16", "trainer.optim.micro_batch_size=16", "verifier.workers=1",
             "sft.steps=3", "sft.batch_size=8", "eval.tasks_per_level=1", "checkpoint.every=1",
             "model.tiny.hidden_size=32", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
             "model.tiny.intermediate_size=64", f"resume={resume}", "domains=[arithmetic,fractions]"]
@@ -235,7 +236,7 @@ def test_resume_by_checkpoint_path_from_a_new_folder_continues_the_run_in_its_ow
     later = dict(tiny(tmp_path, ["arithmetic"], steps=3, resume=str(checkpoint),
                       trainer={**with_kl, "steps": 3, "lr": 2e-4}), output_dir=str(tmp_path / "later"))
     changes = ["checkpoint.every: 1 -> 0", "store.url: 'postgresql://me:***@db/runs' -> None",
-               "trainer.lr: 0.0001 -> 0.0002", "trainer.steps: 2 -> 3"]
+               "trainer.optim.lr: 0.0001 -> 0.0002", "trainer.steps: 2 -> 3"]
     recipe = GRPORecipe(validate_config(later))
     try:
         recipe.setup()

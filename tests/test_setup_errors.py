@@ -15,6 +15,7 @@ from domains.registry import DomainError
 from trainer.app import run
 from trainer.config import ConfigError, ModelConfig, validate_config
 from trainer.models import load_policy
+from quick_settings import quick
 
 BROKEN_PLUGIN = '''
 from domains import Domain, Task, VerifyResult, user_prompt
@@ -44,7 +45,7 @@ def config(tmp_path, **extra):
         "trainer": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
         "verifier": {"workers": 1}, "sft": {"steps": 0}, "eval": {"tasks_per_level": 1}, **extra,
     }
-    return validate_config(raw)
+    return validate_config(quick(raw))
 
 
 def test_a_file_that_is_not_a_database_fails_before_the_model_is_built(tmp_path):

@@ -21,7 +21,7 @@ from domains.backend import VerifierBackendUnavailable
 from domains.pool import VerifierPoolBroken
 from trainer.vllm_engine import VLLMUnavailable
 from domains.registry import DomainError
-from trainer.config import ConfigError, PalestraConfig, check_override_keys, validate_config
+from trainer.config import ConfigError, PalestraConfig, check_override_keys, regroup_overrides, validate_config
 
 log = logging.getLogger("palestra")
 
@@ -134,6 +134,7 @@ def main() -> None:
         # Hydra's output folder); they receive it and train alongside, silently
         run(None)
         return
+    sys.argv[1:] = regroup_overrides(sys.argv[1:])  # trainer.lr -> trainer.optim.lr, with a note
     try:
         check_override_keys(sys.argv[1:], config_groups())
     except ConfigError as exc:

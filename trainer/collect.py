@@ -66,8 +66,8 @@ class RolloutCollector:
         t = self.settings
         generated = [self.collect(curriculum.draw(plan.counts, step=plan.step), timer, (plan.step, 0))]
         everything = list(range(len(generated[0].tasks)))
-        kept = [(0, p) for p in (varied_groups(generated[0]) if t.dynamic_sampling else everything)]
-        for refill_round in range(1, 1 + (t.max_refill_rounds if t.dynamic_sampling else 0)):
+        kept = [(0, p) for p in (varied_groups(generated[0]) if t.sampling.dynamic_sampling else everything)]
+        for refill_round in range(1, 1 + (t.sampling.max_refill_rounds if t.sampling.dynamic_sampling else 0)):
             missing = t.prompts_per_step - len(kept)
             if missing <= 0:
                 break
@@ -90,7 +90,7 @@ class RolloutCollector:
         """G completions per task, sampled in chunks and verified; ``seed_key`` is (step, round).
         Each rank takes its contiguous share of the tasks; the shares are gathered in rank order."""
         t = self.settings
-        per_chunk = max(1, t.rollout_batch_size // t.group_size)
+        per_chunk = max(1, t.sampling.rollout_batch_size // t.group_size)
         tasks = [task for kind in by_rollout(tasks, self.domains) for task in kind]  # shares split kinds alike
         lo, hi = self.world.share(len(tasks))
         sampled = []  # (tasks, rollout, texts, verdict futures) per chunk
@@ -101,8 +101,8 @@ class RolloutCollector:
             noise = torch.Generator(device=self.device).manual_seed(chunk_seed(self.seed, *seed_key, lo + first))
             with self.autocast():
                 rollout, texts = sample_rows(
-                    self.model, self.tokenizer, rows, self.domains, max_new_tokens=t.max_new_tokens,
-                    max_episode_tokens=t.max_episode_tokens, temperature=t.temperature, top_p=t.top_p,
+                    self.model, self.tokenizer, rows, self.domains, max_new_tokens=t.sampling.max_new_tokens,
+                    max_episode_tokens=t.sampling.max_episode_tokens, temperature=t.sampling.temperature, top_p=t.sampling.top_p,
                     generator=noise, sampler=self.sampler())
             futures = [self.pool.submit(task, text) for task, text in zip(rows, texts)]
             sampled.append((chunk, rollout_on_cpu(rollout), texts, futures))

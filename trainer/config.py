@@ -7,6 +7,7 @@ objects travel past the entry point.
 from __future__ import annotations
 
 import difflib
+import sys
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -42,63 +43,93 @@ class ModelConfig(Strict):
         return self
 
 
-class TrainerConfig(Strict):
-    steps: int = Field(100, ge=0)
-    prompts_per_step: int = Field(8, gt=0)
-    group_size: int = Field(8, ge=2)
-    lr: float = Field(1e-4, gt=0)
-    warmup_steps: int = Field(5, ge=0)
-    lr_decay: Literal["constant", "linear", "cosine"] = "constant"  # after warm-up; towards 0 (trainer/schedule.py)
-    weight_decay: float = Field(0.0, ge=0)
+class SamplingConfig(Strict):
+    """How a step's completions are generated."""
+
     max_new_tokens: int = Field(64, gt=0)  # per completion (the longest worked math solution is 60
     # tokens and the end token); per assistant turn in tool episodes; a domain's own takes precedence
     max_episode_tokens: int = Field(256, gt=0)  # all turns of a tool episode, tool responses included
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(0.7, gt=0)  # the log-probs of the update are taken at it too
     top_p: float = Field(1.0, gt=0, le=1)
-    eps_low: float = Field(0.2, ge=0, lt=1)
-    eps_high: float = Field(0.28, ge=0)
-    beta: float = Field(0.0, ge=0)  # KL coefficient; 0 loads no reference model
-    mu: int = Field(1, ge=1)  # inner optimisation passes over each batch of rollouts
-    advantage_std: Literal["group", "batch", "none"] = "group"
-    aggregation: Literal["seq_mean", "token_mean", "constant"] = "token_mean"
-    mask_truncated: bool = False  # True: truncated completions contribute no loss (DAPO overlong filter)
-    dynamic_sampling: bool = False  # drop groups whose rewards all agree and refill (DAPO)
+    rollout_batch_size: int = Field(128, gt=0)  # sequences generated together
+    dynamic_sampling: bool = True  # drop groups whose rewards all agree and refill (DAPO)
     max_refill_rounds: int = Field(2, ge=0)  # cap on extra generation for dynamic sampling
-    # rows with zero advantage (groups whose rewards all agree) skip the update: they carry no
-    # policy gradient, only their KL and entropy terms (trainer/grpo.py, _rows_to_train)
-    skip_zero_advantage: bool = False
-    micro_batch_size: int = Field(64, gt=0)  # sequences per forward/backward (grad accumulation)
-    rollout_batch_size: int = Field(64, gt=0)  # sequences generated together (the main job: 128)
-    grad_clip: float = Field(1.0, gt=0)
-    entropy_coef: float = Field(0.0, ge=0)
-    sft_coef: float = Field(0.0, ge=0)  # blend a supervised loss on reference completions
-    # whose references the blend trains on: "step", the step's own tasks; "warm_start", as many
-    # drawn afresh with the warm start's mix of domains and levels, a rehearsal of what GRPO may
-    # not be training at the moment, against forgetting (trainer/grpo.py, _sft_tasks)
-    sft_source: Literal["step", "warm_start"] = "step"
-    # Torch threads on the CPU while sampling. One by default: the models trained on CPUs are small,
-    # the verifier workers and the store writer need a core too, and OpenMP threads that spin-wait
-    # on a busy machine made small steps ten times slower in our measurements. The main job's
-    # batches of 128 rows gain from two (conf/trainer/grpo.yaml).
-    cpu_threads: int = Field(1, ge=1)
-    # Torch threads for the update. The verifiers have finished by then, so null takes this rank's
-    # share of the cores.
-    update_cpu_threads: int | None = Field(None, ge=1)
-    log_every: int = Field(1, gt=0)
-    table_every: int = Field(10, gt=0)
     # hf: the trainer's own KV-cached sampler; vllm: a colocated vLLM engine (CUDA only) that gets
     # the weights pushed after every update (trainer/vllm_engine.py)
     rollout_backend: Literal["hf", "vllm"] = "hf"
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
 
     @model_validator(mode="after")
-    def _vllm_needs_cuda(self) -> "TrainerConfig":
+    def _vllm_needs_cuda(self) -> "SamplingConfig":
         if self.rollout_backend == "vllm":
             import torch
 
             if not torch.cuda.is_available():
-                raise ValueError("trainer.rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on the CPU")
+                raise ValueError("trainer.sampling.rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf "
+                                 "on the CPU")
         return self
+
+
+class LossConfig(Strict):
+    """The GRPO objective: advantages, the clipped policy loss and what is blended into it."""
+
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    eps_high: float = Field(0.28, ge=0)
+    beta: float = Field(0.1, ge=0)  # KL coefficient; 0 loads no reference model
+    advantage_std: Literal["group", "batch", "none"] = "group"
+    aggregation: Literal["seq_mean", "token_mean", "constant"] = "token_mean"
+    mask_truncated: bool = False  # True: truncated completions contribute no loss (DAPO overlong filter)
+    # rows with zero advantage (groups whose rewards all agree) skip the update: they carry no
+    # policy gradient, only their KL and entropy terms (trainer/update.py, rows_to_train)
+    skip_zero_advantage: bool = True
+    entropy_coef: float = Field(0.0, ge=0)
+    sft_coef: float = Field(1.0, ge=0)  # blend a supervised loss on reference completions
+    # whose references the blend trains on: "step", the step's own tasks; "warm_start", as many
+    # drawn afresh with the warm start's mix of domains and levels, a rehearsal of what GRPO may
+    # not be training at the moment, against forgetting (trainer/grpo.py, blend_tasks)
+    sft_source: Literal["step", "warm_start"] = "warm_start"
+
+
+class OptimConfig(Strict):
+    """The optimizer, its learning-rate schedule, and how often and in what pieces it steps."""
+
+    lr: float = Field(1e-4, gt=0)
+    warmup_steps: int = Field(5, ge=0)
+    lr_decay: Literal["constant", "linear", "cosine"] = "linear"  # after warm-up; towards 0 (trainer/schedule.py)
+    weight_decay: float = Field(0.0, ge=0)
+    mu: int = Field(2, ge=1)  # optimisation passes over each step's rollouts
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch_size: int = Field(32, gt=0)  # sequences per forward/backward (grad accumulation)
+
+
+class SystemConfig(Strict):
+    """CPU threads and console output: how the run uses the machine, not what it learns."""
+
+    # Torch threads on the CPU while sampling. The verifier workers and the store writer need a
+    # core too, and OpenMP threads that spin-wait on a busy machine made small steps ten times
+    # slower in our measurements; the main job's batches of 128 rows gain from two.
+    cpu_threads: int = Field(2, ge=1)
+    # Torch threads for the update. The verifiers have finished by then, so null takes this rank's
+    # share of the cores.
+    update_cpu_threads: int | None = Field(None, ge=1)
+    table_every: int = Field(25, gt=0)  # steps between the console's per-domain tables
+
+
+TRAINER_GROUPS: dict[str, type[BaseModel]] = {
+    "sampling": SamplingConfig, "loss": LossConfig, "optim": OptimConfig, "system": SystemConfig}
+# each setting's group, for the flat keys (trainer.lr) of configs and command lines from before the groups
+FLAT_KEYS = {key: group for group, model in TRAINER_GROUPS.items() for key in model.model_fields}
+RETIRED_KEYS = {"log_every"}  # read by nothing; accepted from old configs and dropped
+
+
+class TrainerConfig(Strict):
+    steps: int = Field(100, ge=0)  # GRPO steps
+    prompts_per_step: int = Field(12, gt=0)
+    group_size: int = Field(8, ge=2)
+    sampling: SamplingConfig = SamplingConfig()
+    loss: LossConfig = LossConfig()
+    optim: OptimConfig = OptimConfig()
+    system: SystemConfig = SystemConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -106,11 +137,53 @@ class TrainerConfig(Strict):
         # an old command line or conf file gets told where the key went, not just "extra input"
         if isinstance(data, dict) and "verifier_workers" in data:
             raise ValueError("trainer.verifier_workers moved to verifier.workers")
+        if isinstance(data, dict):
+            for key in sorted(data.keys() & (FLAT_KEYS.keys() | RETIRED_KEYS)):
+                print(f"note: {_flat_key_note(key)}", file=sys.stderr)
+            return regroup_trainer(data)
         return data
 
 
+def regroup_trainer(section: dict[str, Any]) -> dict[str, Any]:
+    """A trainer section with its flat keys (``lr``) moved into their groups (``optim.lr``) and the
+    retired ones dropped: how a config stored before the groups reads now."""
+    grouped = {k: (dict(v) if k in TRAINER_GROUPS and isinstance(v, dict) else v)
+               for k, v in section.items() if k not in FLAT_KEYS and k not in RETIRED_KEYS}
+    for key in section.keys() & FLAT_KEYS.keys():  # a flat key overrides its group's default (conf/ has them all)
+        grouped.setdefault(FLAT_KEYS[key], {})[key] = section[key]
+    return grouped
+
+
+def as_stored_now(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's stored config with its trainer section in today's groups, so that a resume of a run
+    stored before them names only the settings that really changed."""
+    if not isinstance(config.get("trainer"), dict):
+        return config
+    return {**config, "trainer": regroup_trainer(config["trainer"])}
+
+
+def regroup_overrides(args: list[str]) -> list[str]:
+    """Command-line overrides with flat trainer keys (``trainer.lr=2e-4``) renamed to their group's
+    (``trainer.optim.lr=2e-4``), each with a one-line note; everything else as given."""
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        parts = key.split(".")
+        if sep and len(parts) == 2 and parts[0] == "trainer" and parts[1] in FLAT_KEYS:
+            print(f"note: {_flat_key_note(parts[1])}", file=sys.stderr)
+            arg = f"trainer.{FLAT_KEYS[parts[1]]}.{parts[1]}={value}"
+        out.append(arg)
+    return out
+
+
+def _flat_key_note(key: str) -> str:
+    if key in RETIRED_KEYS:
+        return f"trainer.{key} is read by nothing and is ignored; drop it"
+    return f"trainer.{key} is now trainer.{FLAT_KEYS[key]}.{key}; the flat key is accepted for a while"
+
+
 class SFTConfig(Strict):
-    steps: int = Field(0, ge=0)
+    steps: int = Field(1000, ge=0)  # the tiny model learns to copy digits from the prompt after ~600-1000
     lr: float = Field(3e-3, gt=0)
     batch_size: int = Field(64, gt=0)
     warmup_steps: int = Field(20, ge=0)
@@ -137,8 +210,12 @@ class EvalConfig(Strict):
 
 
 class CheckpointConfig(Strict):
-    every: int = Field(0, ge=0)  # 0: only at the end
+    every: int = Field(25, ge=0)  # 0: only at the end
     keep: int = Field(2, ge=1)
+
+
+MAIN_JOB_DOMAINS = ("arithmetic", "linear_equations", "fractions", "code_functions", "code_lists",
+                    "tool_calculator", "tool_kv_store", "tool_lookup")
 
 
 class PalestraConfig(Strict):
@@ -149,7 +226,7 @@ class PalestraConfig(Strict):
     resume: Literal["never", "auto"] | str = "never"  # "auto" or a checkpoint folder
     model: ModelConfig = ModelConfig()
     # names, ``module:OBJECT`` paths or patterns (``rg_*``: every reasoning-gym domain)
-    domains: list[str] = Field(default_factory=lambda: ["arithmetic", "linear_equations", "fractions"], min_length=1)
+    domains: list[str] = Field(default_factory=lambda: list(MAIN_JOB_DOMAINS), min_length=1)
     domain_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # keyed by name or pattern
     policy: PolicyConfig
     difficulty: DifficultyConfig

@@ -64,17 +64,17 @@ def evaluate(
 class HeldoutEvaluation:
     """The run's fixed held-out set, how it is decoded, and what it scored before and after GRPO."""
 
-    def __init__(self, domains: dict[str, Domain], settings, trainer) -> None:
+    def __init__(self, domains: dict[str, Domain], settings, sampling) -> None:
         self.tasks = heldout_tasks(domains, settings.tasks_per_level, settings.seed)
-        self.cfg, self.trainer = settings, trainer  # the eval section, and the trainer's for the token budgets
+        self.cfg, self.sampling = settings, sampling  # the eval section; the trainer's sampling for the token budgets
         self.hits: dict[str, Hits] = {}  # "before"/"after" GRPO: held-out success, task by task
 
     def run(self, model: torch.nn.Module, tokenizer, pool: Pool, sampler: Sampler,
             keep: str | None = None) -> dict[str, float]:
         """Evaluate now; ``keep`` files the result under "before" or "after" GRPO."""
-        hits = evaluate(model, tokenizer, self.tasks, pool, max_new_tokens=self.trainer.max_new_tokens,
-                        max_episode_tokens=self.trainer.max_episode_tokens, temperature=self.cfg.temperature,
-                        batch_size=self.trainer.rollout_batch_size, seed=self.cfg.seed, samples=self.cfg.samples,
+        hits = evaluate(model, tokenizer, self.tasks, pool, max_new_tokens=self.sampling.max_new_tokens,
+                        max_episode_tokens=self.sampling.max_episode_tokens, temperature=self.cfg.temperature,
+                        batch_size=self.sampling.rollout_batch_size, seed=self.cfg.seed, samples=self.cfg.samples,
                         sampler=sampler)
         if keep:
             self.hits[keep] = hits
@@ -83,7 +83,7 @@ class HeldoutEvaluation:
     def settings(self) -> dict:
         """What decides how the held-out tasks are decoded and scored, besides the tasks themselves."""
         return {"temperature": self.cfg.temperature, "samples": self.cfg.samples,
-                "max_new_tokens": self.trainer.max_new_tokens, "max_episode_tokens": self.trainer.max_episode_tokens}
+                "max_new_tokens": self.sampling.max_new_tokens, "max_episode_tokens": self.sampling.max_episode_tokens}
 
     def summary(self) -> dict:
         """Held-out success before and after GRPO, the macro gain and its paired 95% interval."""

@@ -29,7 +29,7 @@ from domains.pool import VerifierPool, VerifierPoolBroken
 from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
 from trainer.collect import RolloutCollector
-from trainer.config import ConfigError, PalestraConfig, changed_settings
+from trainer.config import ConfigError, PalestraConfig, as_stored_now, changed_settings
 from trainer.evaluate import HeldoutEvaluation, format_eval
 from trainer.health import HealthMonitor
 from trainer.losses import group_advantages
@@ -69,7 +69,7 @@ class GRPORecipe:
             raise ConfigError(str(exc)) from None
         check_model_source(cfg.model)
         seed_everything(cfg.seed)
-        self.heldout = HeldoutEvaluation(self.domains, cfg.eval, cfg.trainer)
+        self.heldout = HeldoutEvaluation(self.domains, cfg.eval, cfg.trainer.sampling)
         latest = self.world.broadcast(checkpoint.find(self.output_dir, cfg.resume) if self.world.is_main else None)
         if latest is not None:
             check_resumable(cfg.model, latest)
@@ -92,7 +92,7 @@ class GRPORecipe:
         if state is None and self.world.is_main:
             self.run_id = self.store.start_run(cfg.name, self._run_config(), cfg.seed, sweep_id=cfg.sweep_id)
         self.curriculum = distributed.SharedCurriculum(self.world, self._curriculum(state))
-        self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.table_every)
+        self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.system.table_every)
                        if self.world.is_main else distributed.QuietLogger())
         self.update.alarm = self.logger.write
         if self.resumed_changes:
@@ -107,14 +107,14 @@ class GRPORecipe:
         self.tokenizer, self.model = load_policy(path, cfg.model, self.device)
         anchor = self.output_dir / "sft-model"  # written after SFT; present when resuming
         ref_path = str(anchor) if (anchor / "config.json").exists() else path
-        self.ref_model = load_model(ref_path, self.device).eval() if t.beta > 0 else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        self.ref_model = load_model(ref_path, self.device).eval() if t.loss.beta > 0 else None
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.optim.lr, weight_decay=t.optim.weight_decay)
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, t.warmup_steps, t.steps, t.lr_decay))
+            self.optimizer, lambda s: lr_factor(s, t.optim.warmup_steps, t.steps, t.optim.lr_decay))
         self.update = PolicyUpdate(self.model, self.optimizer, self.lr_schedule, t, ref_model=self.ref_model,
                                    world=self.world, autocast=self._autocast)
-        self.engine = (VLLMEngine(path, gpu_memory_utilization=t.vllm_gpu_memory_utilization, seed=cfg.seed)
-                       if t.rollout_backend == "vllm" else None)
+        self.engine = (VLLMEngine(path, gpu_memory_utilization=t.sampling.vllm_gpu_memory_utilization, seed=cfg.seed)
+                       if t.sampling.rollout_backend == "vllm" else None)
         self._engine_stale = False  # the engine holds the weights it loaded until the policy changes
 
     def _curriculum(self, state: dict | None) -> Curriculum | None:
@@ -138,7 +138,7 @@ class GRPORecipe:
         """Model, optimizer and schedule from the checkpoint on every rank; rank 0 gets back the
         checkpoint's state for its curriculum, and the health alarms and evaluations."""
         state = checkpoint.load(path, self.model, self.optimizer, self.lr_schedule)
-        apply_settings(self.optimizer, self.lr_schedule, self.cfg.trainer.lr, self.cfg.trainer.weight_decay)
+        apply_settings(self.optimizer, self.lr_schedule, self.cfg.trainer.optim.lr, self.cfg.trainer.optim.weight_decay)
         self._engine_stale = True
         self.start_step, self.run_id = state["step"], state["run_id"]
         if not self.world.is_main:  # a replica needs the model, optimizer and schedule; rank 0 the rest
@@ -150,7 +150,8 @@ class GRPORecipe:
                               f"{self.store.safe_url}; set store.url to the run's database") from None
         if started:  # the library versions are stored beside the settings: an upgrade is a change too
             # runs stored before passwords were hidden hold theirs: hide it on both sides
-            self.resumed_changes = changed_settings(without_password(started), without_password(self._run_config()))
+            self.resumed_changes = changed_settings(without_password(as_stored_now(started)),
+                                                   without_password(self._run_config()))
         checkpoint.restore_rng(state["rng"])
         if "health" in state:  # checkpoints from before the alarms were saved start them afresh
             self.health.load_state_dict(state["health"])
@@ -217,10 +218,10 @@ class GRPORecipe:
         timer: dict[str, float] = defaultdict(float)
         plan = self.curriculum.plan(step)
         rollouts = self.collector.collect_step(plan, self.curriculum, timer)
-        advantages = group_advantages(rollouts.batch.rewards, t.advantage_std)  # [P, G]
+        advantages = group_advantages(rollouts.batch.rewards, t.loss.advantage_std)  # [P, G]
         start = time.perf_counter()
         blend = self._blend(step, rollouts.batch.tasks)
-        with self._cpu_threads(t.update_cpu_threads):
+        with self._cpu_threads(t.system.update_cpu_threads):
             update = self.update(rollouts.batch.rollout, advantages.flatten(), blend)
         self._engine_stale = True
         timer["train"] = time.perf_counter() - start
@@ -243,9 +244,9 @@ class GRPORecipe:
         domains and levels. That draw has a generator of its own, seeded by the step, so the
         training stream is left alone and a resumed run draws what the first one would have."""
         t = self.cfg.trainer
-        if t.sft_coef == 0:
+        if t.loss.sft_coef == 0:
             return []
-        if t.sft_source == "step":
+        if t.loss.sft_source == "step":
             return tasks
         rng = random.Random(f"sft-blend/{self.cfg.seed}/{step}")
         counts = warm_start_counts(self.domains, self.cfg.sft.level_decay, len(tasks), rng)
@@ -289,7 +290,7 @@ class GRPORecipe:
             torch.set_num_threads(self._sampling_threads())
 
     def _sampling_threads(self) -> int:
-        return within_share(self.cfg.trainer.cpu_threads)
+        return within_share(self.cfg.trainer.system.cpu_threads)
 
     def _sampler(self) -> Sampler:
         """The trainer's own sampler, or the vLLM engine once it holds the current weights."""

@@ -88,7 +88,7 @@ class HealthMonitor:
         drop = self.cfg.heldout_drop_max
         if drop is not None and self.best_macro is not None and heldout_macro < self.best_macro - drop:
             alarms.append(f"held-out success {heldout_macro:.3f} is {self.best_macro - heldout_macro:.3f} below its best "
-                          f"({self.best_macro:.3f}): forgetting? (a lower trainer.lr helps)")
+                          f"({self.best_macro:.3f}): forgetting? (a lower trainer.optim.lr helps)")
         self.best_macro = heldout_macro if self.best_macro is None else max(self.best_macro, heldout_macro)
         self.last_eval = (heldout_macro, reward)
         return alarms

@@ -5,7 +5,7 @@ import math
 
 
 def lr_factor(step: int, warmup: int, total: int, decay: str) -> float:
-    """The multiple of ``trainer.lr`` for the update after ``step`` earlier ones: it rises linearly
+    """The multiple of ``trainer.optim.lr`` for the update after ``step`` earlier ones: it rises linearly
     over ``warmup`` updates, then holds (``constant``) or falls towards zero (``linear``,
     ``cosine``), which it would reach at update ``total``: the last of ``total`` updates takes
     1/(total − warmup) of the rate, as in transformers' schedules of those names."""

@@ -90,31 +90,31 @@ class PolicyUpdate:
         """Train on ``rollout`` ([B, L] rows) with ``advantages`` [B]; returns the update's statistics."""
         t, device = self.settings, next(self.model.parameters()).device
         mask = rollout.completion_mask.float()
-        if t.mask_truncated:
+        if t.loss.mask_truncated:
             mask[rollout.truncated] = 0.0
         step_rows, total_tokens = mask.shape[0], float(mask.sum().clamp(min=1.0))  # the whole step's
-        trained = rows_to_train(advantages, t.skip_zero_advantage).nonzero().flatten()
+        trained = rows_to_train(advantages, t.loss.skip_zero_advantage).nonzero().flatten()
         # kl, entropy and the clip fractions are reported as means over the rows trained on
         stat_rows, stat_tokens = max(1, len(trained)), float(mask[trained].sum().clamp(min=1.0))
         first, last = self.world.share(len(trained))
         mine = trained[first:last]  # this rank's rows: an even share of those trained on
         rows = _Rows(rollout.sequences[mine].to(device), rollout.attention_mask[mine].to(device),
                      mask[mine].to(device), advantages[mine].to(device), rollout.prompt_width)
-        chunks = [slice(i, min(i + t.micro_batch_size, len(mine))) for i in range(0, len(mine), t.micro_batch_size)]
-        old_logp = self.frozen_logprobs(self.model, rows, chunks) if t.mu > 1 else None
+        chunks = [slice(i, min(i + t.optim.micro_batch_size, len(mine))) for i in range(0, len(mine), t.optim.micro_batch_size)]
+        old_logp = self.frozen_logprobs(self.model, rows, chunks) if t.optim.mu > 1 else None
         ref_logp = self.frozen_logprobs(self.ref_model, rows, chunks) if self.ref_model is not None else None
-        norm = _Normaliser(t.aggregation, step_rows, total_tokens, stat_rows, stat_tokens)
+        norm = _Normaliser(t.loss.aggregation, step_rows, total_tokens, stat_rows, stat_tokens)
         stats: dict[str, float] = defaultdict(float)
         grad_norm = 0.0
-        for _ in range(t.mu):
+        for _ in range(t.optim.mu):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in chunks:
                 self._policy_loss(rows, mb, old_logp, ref_logp, norm, stats)
             if blend is not None and blend.pairs:
                 sft = supervised_loss(self.model, blend.pairs, blend.pad_id)
-                (t.sft_coef * blend.share * sft).backward()
-                stats["sft_loss"] += sft.item() * blend.share / t.mu
-            grad_norm += self.optimizer_step() / t.mu
+                (t.loss.sft_coef * blend.share * sft).backward()
+                stats["sft_loss"] += sft.item() * blend.share / t.optim.mu
+            grad_norm += self.optimizer_step() / t.optim.mu
         # a step that trained no row measured no KL or entropy: those keys stay out (not zeros)
         keys = ["loss", "policy_loss"] + (["kl", "clip_low_frac", "clip_high_frac", "entropy"] if len(trained) else [])
         update = self.world.sum_floats(stats, keys + (["sft_loss"] if blend is not None else []))
@@ -131,23 +131,23 @@ class PolicyUpdate:
         columns = slice(left, rows.prompt_width + right)
         with self.autocast():
             logp, entropy = sequence_logprobs(self.model, rows.seqs[mb, columns], rows.attn[mb, columns],
-                                              rows.prompt_width - left, with_entropy=True, temperature=t.temperature)
+                                              rows.prompt_width - left, with_entropy=True, temperature=t.sampling.temperature)
         out = grpo_loss(
             logp, old_logp[mb, :right] if old_logp is not None else logp.detach(), rows.adv[mb], rows.mask[mb, :right],
-            eps_low=t.eps_low, eps_high=t.eps_high, aggregation=t.aggregation, max_tokens=t.max_new_tokens,
-            ref_logp=ref_logp[mb, :right] if ref_logp is not None else None, beta=t.beta,
-            entropy=entropy if t.entropy_coef > 0 else entropy.detach(), entropy_coef=t.entropy_coef,
+            eps_low=t.loss.eps_low, eps_high=t.loss.eps_high, aggregation=t.loss.aggregation, max_tokens=t.sampling.max_new_tokens,
+            ref_logp=ref_logp[mb, :right] if ref_logp is not None else None, beta=t.loss.beta,
+            entropy=entropy if t.loss.entropy_coef > 0 else entropy.detach(), entropy_coef=t.loss.entropy_coef,
         )
         (out.loss * weight).backward()
         for key in ("kl", "clip_low_frac", "clip_high_frac", "entropy"):
-            stats[key] += getattr(out, key) * stat_weight / t.mu
-        stats["policy_loss"] += out.policy_loss * weight / t.mu
-        stats["loss"] += out.loss.item() * weight / t.mu
+            stats[key] += getattr(out, key) * stat_weight / t.optim.mu
+        stats["policy_loss"] += out.policy_loss * weight / t.optim.mu
+        stats["loss"] += out.loss.item() * weight / t.optim.mu
 
     def optimizer_step(self) -> float:
         """Sum the ranks' gradients, clip, step; a non-finite gradient norm skips the step (and says so)."""
         self.world.sum_gradients(self.model)  # each rank's share of the step's gradient -> the whole
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.grad_clip))
         if not math.isfinite(grad_norm):
             # A NaN/inf gradient would poison the weights; skip this update and say so.
             self.alarm(f"alarm: non-finite gradient norm ({grad_norm}); update skipped")
@@ -164,7 +164,7 @@ class PolicyUpdate:
             for mb in chunks:
                 left = padding_bounds(rows.attn[mb], None, rows.prompt_width)[0]
                 out[mb] = sequence_logprobs(model, rows.seqs[mb, left:], rows.attn[mb, left:], rows.prompt_width - left,
-                                            temperature=self.settings.temperature)[0]
+                                            temperature=self.settings.sampling.temperature)[0]
         return out
 
 

@@ -1,4 +1,4 @@
-"""Rollouts on vLLM (``trainer.rollout_backend=vllm``): a GPU-only option, never needed by the core.
+"""Rollouts on vLLM (``trainer.sampling.rollout_backend=vllm``): a GPU-only option, never needed by the core.
 
 The engine runs colocated in the trainer's process, holds its own copy of the policy's weights and
 gets the trained weights pushed into it after every optimizer step (``push_weights``). It returns
@@ -29,12 +29,12 @@ class VLLMUnavailable(RuntimeError):
 
 def _import_vllm():
     if not torch.cuda.is_available():
-        raise VLLMUnavailable("trainer.rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on the CPU")
+        raise VLLMUnavailable("trainer.sampling.rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on the CPU")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm
     except ImportError:
-        raise VLLMUnavailable("trainer.rollout_backend=vllm needs vLLM: pip install vllm") from None
+        raise VLLMUnavailable("trainer.sampling.rollout_backend=vllm needs vLLM: pip install vllm") from None
     return vllm
 
 
