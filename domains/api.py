@@ -3,7 +3,7 @@
 A domain is a task family with ordered difficulty levels and an objective verifier. Tasks carry a
 ``payload`` the verifier needs (reference answer, hidden tests, target state) that is never shown to
 the model. ``verify`` never raises into the trainer: the verifier pool turns any exception into
-``status=error, reward=0`` (see ``domains.pool``).
+``status=error, reward=0`` (see ``domains.verify.pool``).
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 import torch
 
 from domains.api import Status, Task, VerifyResult, user_prompt
-from domains.math_gen import ARITHMETIC
-from domains.pool import Verdict
+from domains.math.generated import ARITHMETIC
+from domains.verify.pool import Verdict
 from trainer.batch import StepBatch
 from trainer.losses import group_advantages
 from trainer.step_report import domain_metrics, outcomes

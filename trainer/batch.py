@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from domains.api import Domain, Task
-from domains.pool import Verdict
+from domains.verify.pool import Verdict
 from trainer.episodes import by_rollout
 from trainer.rollout import Rollout
 

@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig, describe_error
-from domains.backend import VerifierConfig
+from domains.verify.backend import VerifierConfig
 from trainer.health import HealthConfig
 
 

@@ -30,8 +30,8 @@ from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.store import StatsStore, StoreUnavailable, without_password
 from curriculum.types import Plan
 from domains.api import Task, one_line
-from domains.backend import make_pool
-from domains.pool import VerifierPool, VerifierPoolBroken
+from domains.verify.backend import make_pool
+from domains.verify.pool import VerifierPool, VerifierPoolBroken
 from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
 from trainer.batch import (StepBatch, chunk_seed, concat, generation_chunks, rollout_on_cpu, shrink_counts,

@@ -9,7 +9,7 @@ import torch
 
 from curriculum.types import Outcome, Plan
 from domains.api import Domain, Status, Task, stable_hash
-from domains.pool import Verdict
+from domains.verify.pool import Verdict
 from trainer.batch import StepBatch
 
 

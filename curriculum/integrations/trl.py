@@ -58,8 +58,8 @@ from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.store import StatsStore
 from curriculum.types import Outcome, Plan
 from domains.api import Domain, Status, Task, stable_hash
-from domains.backend import VerifierConfig, make_pool
-from domains.pool import Verdict, VerifierPool
+from domains.verify.backend import VerifierConfig, make_pool
+from domains.verify.pool import Verdict, VerifierPool
 from domains.registry import load_all
 from trainer.losses import group_advantages
 from trainer.tasks import TaskSource

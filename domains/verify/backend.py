@@ -1,7 +1,7 @@
 """Which verifier pool a run uses: the ``verifier`` config section and the factory behind it.
 
-``local`` is ``domains.pool.VerifierPool`` (worker processes on this machine); ``ray`` is
-``domains.ray_pool.RayVerifierPool`` (Ray actors on a local Ray or an existing cluster). Both keep
+``local`` is ``domains.verify.pool.VerifierPool`` (worker processes on this machine); ``ray`` is
+``domains.verify.ray_pool.RayVerifierPool`` (Ray actors on a local Ray or an existing cluster). Both keep
 the same contract — ``submit`` returns a Future of a Verdict, a hung or crashing verifier becomes
 ``status=timeout`` or ``status=error`` — so the trainer never knows which one it talks to.
 """
@@ -66,12 +66,12 @@ class Pool(Protocol):
 def make_pool(domains: dict[str, Domain], cfg: VerifierConfig) -> Pool:
     """Start the pool ``cfg`` asks for. Ray is imported only here, only when it is asked for."""
     if cfg.backend == "ray":
-        from domains.ray_pool import RayVerifierPool
+        from domains.verify.ray_pool import RayVerifierPool
 
         return RayVerifierPool(
             domains, workers=cfg.workers, address=cfg.ray_address, num_cpus=cfg.ray_num_cpus,
             cpus_per_worker=cfg.ray_cpus_per_worker, start_timeout_s=cfg.ray_start_timeout_s,
         )
-    from domains.pool import VerifierPool
+    from domains.verify.pool import VerifierPool
 
     return VerifierPool(domains, workers=cfg.workers)

@@ -14,7 +14,7 @@ Isolation layers, outermost first:
   sandbox runs under that user's uid and ``nproc`` is added on top of the processes the user already
   has (measured once per process; the kernel counts per uid).
 * rlimits (address space, CPU, processes, file size, open files, core dumps) are set by the trusted
-  harness (``domains.sandbox_harness``) as its first act inside the sandbox, before it reads the untrusted
+  harness (``domains.verify.sandbox_harness``) as its first act inside the sandbox, before it reads the untrusted
   code. Doing it there rather than in a ``preexec_fn`` keeps ``Popen`` safe to call from threads.
 * The parent enforces a wall-clock deadline and an output cap; on either it kills the sandbox's
   init (its pid comes from ``--info-fd``), which tears down the whole pid namespace, then bwrap's
@@ -58,7 +58,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from domains.api import one_line
-from domains.sandbox_harness import BOOTSTRAP, compiled_harness, frame
+from domains.verify.sandbox_harness import BOOTSTRAP, compiled_harness, frame
 
 log = logging.getLogger("palestra.sandbox")
 
@@ -572,7 +572,7 @@ def python_version_inside(config: SandboxConfig) -> str:
     return result.stdout.decode().strip()
 
 
-if __name__ == "__main__":  # python -m domains.sandbox: run the self-test and say what it found
+if __name__ == "__main__":  # python -m domains.verify.sandbox: run the self-test and say what it found
     cfg = SandboxConfig()
     try:
         self_test(cfg)

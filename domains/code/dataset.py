@@ -2,7 +2,7 @@
 
 Rows in HumanEval's published shape, APPS / CodeContests rows (stdin/stdout cases, or call-based
 with ``fn_name``) and rows with ``tests: [{input, output}]`` are each normalised into a Task whose
-payload holds the hidden tests in one of the three formats ``domains.code`` verifies. A row's level
+payload holds the hidden tests in one of the three formats ``domains.code.verifier`` verifies. A row's level
 is its ``level`` field, else its ``difficulty`` word (introductory/easy 1, interview/medium 2,
 competition/hard 3), else 1.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from domains.api import Task, TaskListDomain, user_prompt
-from domains.code import CodeConfig, CodeDomain
+from domains.code.verifier import CodeConfig, CodeDomain
 
 
 def detect_format(row: dict[str, Any]) -> str:

@@ -3,7 +3,7 @@
 Each family has five difficulty levels and is sized for the built-in tiny model (a ~1M-parameter
 character-level transformer trained for minutes on a CPU): prompts are bare expressions such as
 ``12+7=`` (under 40 characters) and the reference completion is a short worked solution ending in
-the boxed answer, ``2+7=9,1+0=1,\\boxed{19}`` (``domains/math_work.py`` says why and how; at most
+the boxed answer, ``2+7=9,1+0=1,\\boxed{19}`` (``domains/math/work.py`` says why and how; at most
 60 characters, within the trainer's default ``max_new_tokens`` of 64 with the end token). Level 1 is single-digit
 addition; each level adds digits, operations, negative numbers or terms. The worked solution lives
 in ``Task.meta``: it is how the reference solves the problem, not part of the problem, so it does
@@ -24,8 +24,8 @@ from fractions import Fraction
 from typing import Callable
 
 from domains.api import Task, user_prompt
-from domains.math_answer import MathAnswerDomain
-from domains.math_work import column_add, column_subtract, signed_sum, solution
+from domains.math.answer import MathAnswerDomain
+from domains.math.work import column_add, column_subtract, signed_sum, solution
 
 Problem = tuple[str, str, list[str]]  # (prompt text, gold answer, steps of the worked solution)
 Generator = Callable[[random.Random], Problem]

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import Field
 
 from domains.api import Messages, Task, stable_hash, user_prompt
-from domains.math_answer import MathAnswerDomain, MathConfig, extract_final_answer
+from domains.math.answer import MathAnswerDomain, MathConfig, extract_final_answer
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")

@@ -1,5 +1,5 @@
 """Code domains: hidden-test verification of model-written Python (the JSONL-backed domain is
-``domains.code_dataset``).
+``domains.code.dataset``).
 
 Three test formats, detected from the fields of each dataset row and normalised into the payload:
 
@@ -43,8 +43,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from domains.api import Domain, DomainConfig, Status, Task, VerifyResult
-from domains.sandbox import SandboxConfig, SandboxProcess, SandboxUnavailable, run_script, self_test
-from domains.sandbox_harness import decode_value
+from domains.verify.sandbox import SandboxConfig, SandboxProcess, SandboxUnavailable, run_script, self_test
+from domains.verify.sandbox_harness import decode_value
 
 log = logging.getLogger("palestra.code")
 

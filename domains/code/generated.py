@@ -23,7 +23,7 @@ import random
 from typing import Any, Literal
 
 from domains.api import Task, user_prompt
-from domains.code import CodeConfig, CodeDomain
+from domains.code.verifier import CodeConfig, CodeDomain
 
 Template = tuple[str, str]  # (words after "return", Python expression)
 

@@ -1,6 +1,6 @@
 """The trusted program that runs first inside the sandbox, and the wire format it speaks.
 
-The parent (``domains.sandbox``) starts ``python -c BOOTSTRAP``, sends the harness as a marshalled
+The parent (``domains.verify.sandbox``) starts ``python -c BOOTSTRAP``, sends the harness as a marshalled
 code object, then length-prefixed request frames; the harness answers with tagged JSON values that
 ``decode_value`` turns back into plain Python data.
 """

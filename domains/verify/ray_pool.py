@@ -1,4 +1,4 @@
-"""Verifier workers as Ray actors: ``domains.pool.VerifierPool``'s contract on a Ray cluster.
+"""Verifier workers as Ray actors: ``domains.verify.pool.VerifierPool``'s contract on a Ray cluster.
 
 The pool keeps ``workers`` actors, each holding the run's domains, and runs one call at a time on
 each, like the local pool runs one per process; a thread in the driver hands out queued calls and
@@ -45,8 +45,8 @@ import ray.cloudpickle
 from ray.exceptions import RayActorError
 
 from domains.api import Domain, Status, Task, VerifyResult
-from domains.backend import VerifierBackendUnavailable
-from domains.pool import QueuedPool, Verdict, _Job, resolve_once, verify_guarded, warm_up
+from domains.verify.backend import VerifierBackendUnavailable
+from domains.verify.pool import QueuedPool, Verdict, _Job, resolve_once, verify_guarded, warm_up
 
 log = logging.getLogger(__name__)
 
