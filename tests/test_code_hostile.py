@@ -22,7 +22,7 @@ from hostile.programs import HOSTILE, Hostile
 
 PROJECT = Path(__file__).resolve().parents[1]
 FAST = {"sandbox": {"wall_timeout_s": 2.0, "cpu_s": 1}, "verify_timeout_s": 30.0}
-SANDBOX_UID_MIN = 1_500_000_000  # domains.verify.sandbox._fresh_uid draws from here up
+SANDBOX_UID_MIN = 1_500_000_000  # domains.verify.sandbox_limits._fresh_uid draws from here up
 
 HUMANEVAL_ROW = {
     "task_id": "Hostile/0",
