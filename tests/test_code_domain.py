@@ -14,7 +14,7 @@ from domains import registry
 from domains.api import Status
 from domains.code.dataset import CodeDatasetDomain, detect_format
 from domains.code.generated import INT_TEMPLATES, LIST_TEMPLATES, IntFunctionsDomain, ListFunctionsDomain
-from domains.code.verifier import CALL_PREAMBLE, assemble, extract_code, stdout_matches, typing_preamble, values_match
+from domains.code.program import CALL_PREAMBLE, assemble, extract_code, stdout_matches, typing_preamble, values_match
 from domains.verify.pool import VerifierPool
 
 FAST = {"sandbox": {"wall_timeout_s": 2.0, "cpu_s": 1}}
