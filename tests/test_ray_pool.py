@@ -214,7 +214,7 @@ def test_an_unreachable_address_fails_in_one_line_at_once(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and time.monotonic() - start < 60
     assert done.stderr.strip().splitlines()[-1] == (
-        "domains.verify.backend.VerifierBackendUnavailable: cannot connect to the Ray cluster at '127.0.0.1:1': Connection refused")
+        "domains.verify.pool.VerifierBackendUnavailable: cannot connect to the Ray cluster at '127.0.0.1:1': Connection refused")
 
 
 # -- configuration ----------------------------------------------------------------------------------------

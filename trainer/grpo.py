@@ -31,7 +31,7 @@ from curriculum.store import StatsStore, StoreUnavailable, without_password
 from curriculum.types import Plan
 from domains.api import Task, one_line
 from domains.verify.backend import make_pool
-from domains.verify.pool import VerifierPool, VerifierPoolBroken
+from domains.verify.pool import Pool, VerifierPoolBroken
 from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
 from trainer.batch import (StepBatch, chunk_seed, concat, generation_chunks, rollout_on_cpu, shrink_counts,
@@ -56,7 +56,7 @@ class GRPORecipe:
         self.output_dir = Path(cfg.output_dir)
         self.start_step = 0
         self.resumed_changes: list[str] = []  # settings a resume launched with, where they differ from the run's start
-        self.pool: VerifierPool | None = None
+        self.pool: Pool | None = None
         self.logger: MetricsLogger | None = None
         self.store: StatsStore | None = None
         self.run_id: str | None = None

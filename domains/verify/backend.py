@@ -1,25 +1,23 @@
 """Which verifier pool a run uses: the ``verifier`` config section and the factory behind it.
 
 ``local`` is ``domains.verify.pool.VerifierPool`` (worker processes on this machine); ``ray`` is
-``domains.verify.ray_pool.RayVerifierPool`` (Ray actors on a local Ray or an existing cluster). Both keep
-the same contract — ``submit`` returns a Future of a Verdict, a hung or crashing verifier becomes
-``status=timeout`` or ``status=error`` — so the trainer never knows which one it talks to.
+``domains.verify.ray_pool.RayVerifierPool`` (Ray actors on a local Ray or an existing cluster). Both
+implement the one contract, ``domains.verify.pool.Pool`` — ``submit`` returns a Future of a Verdict,
+a hung or crashing verifier becomes ``status=timeout`` or ``status=error`` — so the trainer never
+knows which one it talks to. Dependencies run one way: this module imports the pools, never the
+reverse (the Ray pool only here, only when it is asked for: Ray is an optional extra).
 """
 from __future__ import annotations
 
 import importlib.util
-from concurrent.futures import Future
-from typing import Literal, Protocol
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from domains.api import Domain, Task
+from domains.api import Domain
+from domains.verify.pool import Pool, VerifierPool
 
 RAY_INSTALL_HINT = "pip install 'palestra[ray]'"
-
-
-class VerifierBackendUnavailable(RuntimeError):
-    """The verifier backend cannot start (say, no Ray cluster at the given address); one line."""
 
 
 class VerifierConfig(BaseModel):
@@ -49,20 +47,6 @@ class VerifierConfig(BaseModel):
         return self
 
 
-class Pool(Protocol):
-    """What the trainer needs from a verifier pool (VerifierPool and RayVerifierPool both are one)."""
-
-    domains: dict[str, Domain]
-
-    def submit(self, task: Task, completion: str) -> Future: ...
-
-    def verify_many(self, items: list[tuple[Task, str]]) -> list: ...
-
-    def raise_if_broken(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
 def make_pool(domains: dict[str, Domain], cfg: VerifierConfig) -> Pool:
     """Start the pool ``cfg`` asks for. Ray is imported only here, only when it is asked for."""
     if cfg.backend == "ray":
@@ -72,6 +56,4 @@ def make_pool(domains: dict[str, Domain], cfg: VerifierConfig) -> Pool:
             domains, workers=cfg.workers, address=cfg.ray_address, num_cpus=cfg.ray_num_cpus,
             cpus_per_worker=cfg.ray_cpus_per_worker, start_timeout_s=cfg.ray_start_timeout_s,
         )
-    from domains.verify.pool import VerifierPool
-
     return VerifierPool(domains, workers=cfg.workers)

@@ -34,6 +34,10 @@ class VerifierPoolBroken(RuntimeError):
     """The pool gave up starting workers: no verdict it returns means anything."""
 
 
+class VerifierBackendUnavailable(RuntimeError):
+    """The verifier backend cannot start (say, no Ray cluster at the given address); one line."""
+
+
 def verify_guarded(domain: Domain, task: Task, completion: str) -> VerifyResult:
     """Run one verifier call; any exception or wrong return type becomes ``status=error``."""
     try:
@@ -97,7 +101,9 @@ class Verdict:
 
 
 @dataclass
-class _Job:
+class Job:
+    """One queued call: what a pool's dispatcher hands to a worker, and the Future it resolves."""
+
     id: int
     domain: str
     task: Task
@@ -120,7 +126,7 @@ class _Worker:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()
-        self.job: _Job | None = None
+        self.job: Job | None = None
         self.ready = False  # a new worker imports its domains first; that time is not a job's
         self.deadline = 0.0
         self.started = 0.0
@@ -131,21 +137,29 @@ class _Worker:
         self.conn.close()
 
 
-def resolve_once(job: _Job, verdict: Verdict) -> None:
+def resolve_once(job: Job, verdict: Verdict) -> None:
     """Give a call its verdict, unless a breakdown already failed it (a late reply is dropped)."""
     if not job.future.done():
         job.future.set_result(verdict)
 
 
-class QueuedPool(ABC):
-    """What every verifier pool shares: calls wait in a queue that the pool's dispatcher thread hands
-    to its workers, and the public API — ``submit`` returns a Future[Verdict], ``verify_many``,
-    ``close``, use as a context manager. Subclasses start their workers and a dispatcher thread
-    (``self._thread``), wake it in ``_wake`` and stop their workers in ``_stop_workers``."""
+class Pool(ABC):
+    """The one verifier-pool contract, which the local ``VerifierPool`` and the Ray pool
+    (``domains.verify.ray_pool.RayVerifierPool``) implement and the trainer and curriculum type against.
+
+    Public API: ``domains`` (name -> Domain), ``submit(task, completion)`` returns a Future[Verdict]
+    that always resolves (a hung or crashing verifier becomes ``status=timeout`` or ``status=error``,
+    never an exception), ``verify_many``, ``raise_if_broken`` (after each batch), ``close`` and use as
+    a context manager; the counters ``timeouts``, ``restarts``, ``start_failures`` and ``broken``.
+
+    What the implementations share lives here too: calls wait in a queue that the pool's dispatcher
+    thread hands to its workers. A subclass starts its workers and a dispatcher thread
+    (``self._thread``), wakes it in ``_wake``, says which calls its workers hold in ``_running_jobs``
+    and stops its workers in ``_stop_workers``."""
 
     def _init_queue(self, domains: dict[str, Domain]) -> None:
         self.domains = domains
-        self._queue: deque[_Job] = deque()
+        self._queue: deque[Job] = deque()
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
@@ -163,10 +177,10 @@ class QueuedPool(ABC):
         """Stop the workers once the dispatcher has exited."""
 
     @abstractmethod
-    def _running_jobs(self) -> list[_Job]:
+    def _running_jobs(self) -> list[Job]:
         """The calls the workers hold right now."""
 
-    def _take_job(self) -> _Job | None:
+    def _take_job(self) -> Job | None:
         """The next queued call, for an idle worker; None when the queue is empty."""
         with self._lock:
             return self._queue.popleft() if self._queue else None
@@ -200,6 +214,7 @@ class QueuedPool(ABC):
         self._stop_workers()
 
     def submit(self, task: Task, completion: str) -> Future:
+        """Queue one call; the Future resolves to its Verdict (an unknown domain's at once)."""
         if self._closed:
             raise RuntimeError("verifier pool is closed")
         domain = self.domains.get(task.domain)
@@ -208,13 +223,14 @@ class QueuedPool(ABC):
             message = self.broken or f"unknown domain {task.domain!r}"
             future.set_result(Verdict(VerifyResult.no_verdict(message), 0.0))
             return future
-        job = _Job(next(self._ids), task.domain, task, completion, future, domain.config.verify_timeout_s)
+        job = Job(next(self._ids), task.domain, task, completion, future, domain.config.verify_timeout_s)
         with self._lock:
             self._queue.append(job)
         self._wake()
         return future
 
     def verify_many(self, items: list[tuple[Task, str]]) -> list[Verdict]:
+        """Submit every (task, completion) and wait: the verdicts in the same order."""
         futures = [self.submit(task, completion) for task, completion in items]
         return [f.result() for f in futures]
 
@@ -225,7 +241,7 @@ class QueuedPool(ABC):
         self.close()
 
 
-class VerifierPool(QueuedPool):
+class VerifierPool(Pool):
     """Verify completions in parallel worker processes; ``submit`` returns a Future[Verdict]."""
 
     def __init__(self, domains: dict[str, Domain], workers: int | None = None) -> None:
@@ -325,5 +341,5 @@ class VerifierPool(QueuedPool):
         self._workers[index] = _Worker(self._ctx, self.domains)
         self.restarts += 1
 
-    def _running_jobs(self) -> list[_Job]:
+    def _running_jobs(self) -> list[Job]:
         return [w.job for w in self._workers if w.job is not None]

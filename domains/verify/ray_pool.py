@@ -1,4 +1,4 @@
-"""Verifier workers as Ray actors: ``domains.verify.pool.VerifierPool``'s contract on a Ray cluster.
+"""Verifier workers as Ray actors: the ``domains.verify.pool.Pool`` contract on a Ray cluster.
 
 The pool keeps ``workers`` actors, each holding the run's domains, and runs one call at a time on
 each, like the local pool runs one per process; a thread in the driver hands out queued calls and
@@ -45,8 +45,7 @@ import ray.cloudpickle
 from ray.exceptions import RayActorError
 
 from domains.api import Domain, Status, Task, VerifyResult
-from domains.verify.backend import VerifierBackendUnavailable
-from domains.verify.pool import QueuedPool, Verdict, _Job, resolve_once, verify_guarded, warm_up
+from domains.verify.pool import Job, Pool, Verdict, VerifierBackendUnavailable, resolve_once, verify_guarded, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ class _Actor:
     handle: Any
     pending: Any  # ObjectRef of ready() until the actor is up, then of the running verify() call
     ready: bool = False
-    job: _Job | None = None
+    job: Job | None = None
     started: float = 0.0
     deadline: float = math.inf
 
@@ -151,7 +150,7 @@ def _check_reachable(address: str) -> None:
         raise VerifierBackendUnavailable(f"cannot connect to the Ray cluster at {address!r}: {reason}") from None
 
 
-class RayVerifierPool(QueuedPool):
+class RayVerifierPool(Pool):
     """Verify completions on Ray actors; ``submit`` returns a Future[Verdict]."""
 
     def __init__(
@@ -290,7 +289,7 @@ class RayVerifierPool(QueuedPool):
         except Exception:  # already gone, or Ray is shutting down
             pass
 
-    def _running_jobs(self) -> list[_Job]:
+    def _running_jobs(self) -> list[Job]:
         return [actor.job for actor in self._actors if actor.job is not None]
 
 
