@@ -34,6 +34,13 @@ class Status(str, Enum):
     SANDBOX_VIOLATION = "sandbox_violation"
 
 
+# The statuses of a verification that failed to run to a judgement of the answer: the verifier or
+# the program crashed, ran out of time or broke a sandbox limit. Wrong and unparseable answers
+# (WRONG, FORMAT_ERROR) are judgements, not failures. Step reports and the TRL metrics count these
+# as errors; defined once here so that every count means the same.
+FAILURE_STATUSES: frozenset[Status] = frozenset({Status.ERROR, Status.TIMEOUT, Status.SANDBOX_VIOLATION})
+
+
 def stable_hash(*parts: Any) -> str:
     """Short content hash that is identical across processes and Python versions."""
     blob = json.dumps(parts, sort_keys=True, default=str, ensure_ascii=False)

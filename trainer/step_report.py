@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from curriculum.types import Outcome, Plan
-from domains.api import Domain, Status, Task, stable_hash
+from domains.api import FAILURE_STATUSES, Domain, Status, Task, stable_hash
 from domains.verify.pool import Verdict
 from trainer.batch import StepBatch
 
@@ -85,7 +85,7 @@ def domain_metrics(tasks: list[Task], verdicts: list[Verdict], group_size: int,
         statuses = Counter(r.status for _, r in results)
         stats = {
             "reward": float(np.mean([r.reward for _, r in results])), "zero_var": float(np.mean(zero_var[name])),
-            "errors": statuses[Status.ERROR] + statuses[Status.TIMEOUT] + statuses[Status.SANDBOX_VIOLATION],
+            "errors": sum(statuses[status] for status in FAILURE_STATUSES),
             "format_errors": statuses[Status.FORMAT_ERROR],
             "unscored": sum(not r.scored for _, r in results),  # the verifier could not judge: no verdict
         }

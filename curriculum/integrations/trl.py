@@ -57,6 +57,7 @@ from curriculum.config import CurriculumConfig, DifficultyConfig, PolicyConfig, 
 from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.store import StatsStore
 from curriculum.types import Outcome, Plan
+from domains.api import FAILURE_STATUSES as _FAILED
 from domains.api import Domain, Status, Task, stable_hash
 from domains.verify.backend import VerifierConfig, make_pool
 from domains.verify.pool import Verdict, VerifierPool
@@ -65,7 +66,6 @@ from trainer.losses import group_advantages
 from trainer.tasks import TaskSource
 
 ADVANTAGE_STD_MODES = ("group", "batch", "none")
-_FAILED = {Status.ERROR, Status.TIMEOUT, Status.SANDBOX_VIOLATION}
 _LIVE: "weakref.WeakValueDictionary[str, TRLCurriculum]" = weakref.WeakValueDictionary()
 
 

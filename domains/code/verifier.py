@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from domains.api import Domain, DomainConfig, Status, Task, VerifyResult
+from domains.api import FAILURE_STATUSES, Domain, DomainConfig, Status, Task, VerifyResult
 from domains.code.program import assemble, call_output_matches, futures_first, stdout_matches, typing_preamble
 from domains.verify.sandbox import SandboxConfig, SandboxProcess, SandboxUnavailable, run_script, self_test
 from domains.verify.sandbox_harness import decode_value
@@ -376,7 +376,7 @@ def run_stdio_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _
             continue
         else:
             outcome.fail(case["input"], "wrong output")
-        if config.reward == "all_pass" or outcome.status in (Status.TIMEOUT, Status.SANDBOX_VIOLATION):
+        if config.reward == "all_pass" or outcome.status in FAILURE_STATUSES:  # a limit was hit: stop
             break
     return outcome
 
