@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from domains.config import StrictModel
 
 Messages = list[dict[str, str]]
 
@@ -94,10 +96,9 @@ class VerifyResult:
         return {"reward": self.reward, "correct": self.correct, "status": self.status.value, "details": self.details}
 
 
-class DomainConfig(BaseModel):
-    """Options every domain accepts; a domain subclasses this for its own options."""
+class DomainConfig(StrictModel):
+    """Options every domain accepts; a domain subclasses this for its own options (unknown keys fail)."""
 
-    model_config = ConfigDict(extra="forbid")
     verify_timeout_s: float = 10.0  # hard deadline enforced by the verifier pool
     # Token budget of one completion (of one assistant turn in tool episodes); None: the trainer's.
     max_new_tokens: int | None = Field(None, gt=0)

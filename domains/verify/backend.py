@@ -12,16 +12,16 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from domains.api import Domain
+from domains.config import StrictModel
 from domains.verify.pool import Pool, VerifierPool
 
 RAY_INSTALL_HINT = "pip install 'palestra[ray]'"
 
 
-class VerifierConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class VerifierConfig(StrictModel):
     backend: Literal["local", "ray"] = "local"
     workers: int = Field(2, ge=1)  # worker processes (local) or Ray actors (ray)
     # An existing Ray cluster ("auto", "host:6379"); null starts a local Ray

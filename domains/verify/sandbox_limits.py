@@ -12,15 +12,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from domains.config import StrictModel
 
 MiB = 1 << 20
 
 
-class SandboxConfig(BaseModel):
+class SandboxConfig(StrictModel):
     """Per-domain sandbox limits (nested under a code domain's options as ``sandbox:``)."""
 
-    model_config = ConfigDict(extra="forbid")
     wall_timeout_s: float = Field(2.0, gt=0)  # per sandboxed process, enforced by the parent
     cpu_s: int = Field(1, ge=1)  # RLIMIT_CPU: SIGKILL once this much CPU time is used
     memory_mb: int = Field(512, ge=64)  # RLIMIT_AS (address space) per process
