@@ -109,12 +109,20 @@ class Domain:
 
     Subclasses set ``name``, ``levels`` and ``Config`` and implement ``sample`` and ``verify``;
     ``reference`` returns a known-good completion (SFT warm start, tests) when one exists.
+
+    A multi-turn domain (tool use) sets ``multi_turn`` and implements ``environment(task)``: the
+    trainer then plays an episode of assistant turns against that environment and verifies the
+    transcript. ``stop_text`` is the text that ends an assistant turn besides end-of-turn (the
+    closing tag of a tool call), so that the environment can answer; None: only end-of-turn does.
+    The trainer asks the domain for both rather than knowing any markup itself.
     """
 
     name: str = ""
     levels: tuple[int, ...] = (1,)
     version: str = "1"  # bump when verify() changes meaning; stored with every result
     Config: ClassVar[type[DomainConfig]] = DomainConfig
+    multi_turn: bool = False  # episodes of several assistant turns against environment(task)
+    stop_text: str | None = None  # ends an assistant turn of an episode besides end-of-turn
 
     def __init__(self, config: DomainConfig | None = None, **options: Any) -> None:
         self.config = config if config is not None else self.Config(**options)

@@ -384,7 +384,7 @@ def _check_settings(domains: dict[str, Domain], advantage_std: str) -> None:
     if not domains:
         raise ValueError("the TRL curriculum needs at least one domain")
     for name, domain in domains.items():
-        if getattr(domain, "multi_turn", False):
+        if domain.multi_turn:
             raise ValueError(f"domain {name!r} is multi-turn (tools); the TRL curriculum scores single completions")
 
 
