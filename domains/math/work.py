@@ -8,7 +8,7 @@ single-digit facts and a carry, so a held-out ``47+38`` is made of the same step
 ones, and sharpening those steps with RL helps on problems never trained on.
 
 Steps are comma-separated equations and the answer is boxed at the end, e.g. ``47+38=`` →
-``7+8=15,4+3+1=8,\\boxed{85}``. Only the box is graded (``math_answer.grade_answer``); the steps
+``7+8=15,4+3+1=8,\\boxed{85}``. Only the box is graded (``domains.math.answer.grade_answer``); the steps
 are the model's own business.
 
 - ``column_add(a, b)``: one step per column, right to left, the shorter number padded with zeros,
