@@ -7,6 +7,10 @@ the parent enforces a wall-clock deadline per call and kills and replaces a work
 Whatever happens, a call resolves to a VerifyResult — never an exception into the trainer. The one
 exception is a pool whose workers cannot even start: every verdict would be an error, so callers
 ask ``raise_if_broken`` after each batch rather than train on nothing.
+
+This module holds the one pool contract, ``Pool`` (an abstract class, with the call queue both
+implementations share), ``Verdict``, and the local implementation, ``VerifierPool``. The Ray
+implementation (``domains.verify.ray_pool``) builds on these; nothing here imports it.
 """
 from __future__ import annotations
 
