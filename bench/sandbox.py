@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from domains.code_gen import IntFunctionsDomain  # noqa: E402
-from domains.pool import VerifierPool  # noqa: E402
-from domains.sandbox import SandboxConfig  # noqa: E402
+from domains.code.generated import IntFunctionsDomain  # noqa: E402
+from domains.verify.pool import VerifierPool  # noqa: E402
+from domains.verify.sandbox import SandboxConfig  # noqa: E402
 
 
 def plain_program(task, completion: str) -> str:

@@ -50,8 +50,8 @@ def trl_trainer(model_dir: str, workdir: Path, between_steps):
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from domains.math_answer import grade_answer
-    from domains.math_gen import ARITHMETIC
+    from domains.math.answer import grade_answer
+    from domains.math.generated import ARITHMETIC
     from trainer.models import load_tokenizer
 
     tasks = ARITHMETIC.sample(1, 512, random.Random(0))

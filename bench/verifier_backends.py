@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from domains.pool import VerifierPool  # noqa: E402
-from domains.ray_pool import RayVerifierPool  # noqa: E402
+from domains.verify.pool import VerifierPool  # noqa: E402
+from domains.verify.ray_pool import RayVerifierPool  # noqa: E402
 from domains.registry import load  # noqa: E402
 
 DOMAINS = ("arithmetic", "linear_equations", "fractions")

@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from curriculum.store import SchemaVersionError, StoreUnavailable
 from domains.api import Task, one_line
-from domains.pool import VerifierPoolBroken
+from domains.verify.pool import VerifierPoolBroken
 from domains.registry import DomainError, available, load
 
 
@@ -230,7 +230,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from domains.pool import VerifierPool
+    from domains.verify.pool import VerifierPool
 
     domain = load(args.domain, _options(args.option))
     try:

@@ -10,14 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from curriculum.difficulty import CONTROLLERS, DifficultyController, LevelTable
 from curriculum.policies import POLICIES, MixingPolicy, Wrapped
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from domains.config import StrictModel as _Strict
+from domains.config import describe_error as describe_validation_error
 
 
 # -- mixing policies --------------------------------------------------------------------------------
@@ -243,18 +241,9 @@ def parse_difficulty(data: dict) -> DifficultyConfig:
 
 # -- shared by the Hydra apps (palestra-train, palestra-sim) -----------------------------------------
 def describe_error(exc: ValidationError) -> str:
-    """A validation error as one line: ``dotted.key: message`` (plus a count of the others)."""
-    errors = exc.errors()
-    first = errors[0]
-    loc = ".".join(str(part) for part in first["loc"] if not _is_union_tag(part))
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for our own checks
-    return f"{loc or 'config'}: {message}{more}"
-
-
-def _is_union_tag(part: object) -> bool:
-    # pydantic puts the discriminator value (e.g. "uniform") into the paths of union members
-    return isinstance(part, str) and (part.startswith("function-") or part in _UNION_TAGS)
+    """``domains.config.describe_error`` for a config that holds a policy or a difficulty section:
+    pydantic puts the member's tag (e.g. "uniform") into the path of a union member's error."""
+    return describe_validation_error(exc, hide=_UNION_TAGS)
 
 
 def _type_tags(union: object) -> set[str]:

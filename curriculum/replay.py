@@ -13,7 +13,7 @@ from typing import Any
 
 from curriculum.store import StatsStore
 from domains.api import Task
-from domains.pool import VerifierPool
+from domains.verify.pool import VerifierPool
 from domains.registry import load_all
 
 

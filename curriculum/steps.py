@@ -10,10 +10,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from curriculum.types import Outcome, Plan, rewards_agree
-from domains.api import Domain, Status, Task, stable_hash
-from domains.pool import Verdict
-
-FAILED = frozenset({Status.ERROR, Status.TIMEOUT, Status.SANDBOX_VIOLATION})
+from domains.api import FAILURE_STATUSES, Domain, Status, Task, stable_hash
+from domains.verify.pool import Verdict
 
 
 @dataclass
@@ -76,7 +74,7 @@ def _one_domain(groups: list[Group]) -> dict[str, float]:
         "reward": float(np.mean([r.reward for _, r in results])),
         "success": float(np.mean([r.correct for _, r in results])),
         "zero_var": float(np.mean([bool(rewards_agree(g.rewards)) for g in groups])),
-        "errors": sum(statuses[s] for s in FAILED),
+        "errors": sum(statuses[s] for s in FAILURE_STATUSES),
         "format_errors": statuses[Status.FORMAT_ERROR],
         "unscored": sum(not r.scored for _, r in results),  # the verifier could not judge: no verdict
     }

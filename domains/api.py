@@ -3,7 +3,7 @@
 A domain is a task family with ordered difficulty levels and an objective verifier. Tasks carry a
 ``payload`` the verifier needs (reference answer, hidden tests, target state) that is never shown to
 the model. ``verify`` never raises into the trainer: the verifier pool turns any exception into
-``status=error, reward=0`` (see ``domains.pool``).
+``status=error, reward=0`` (see ``domains.verify.pool``).
 """
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from domains.config import StrictModel
 
 Messages = list[dict[str, str]]
 
@@ -32,6 +34,13 @@ class Status(str, Enum):
     TIMEOUT = "timeout"
     ERROR = "error"
     SANDBOX_VIOLATION = "sandbox_violation"
+
+
+# The statuses of a verification that failed to run to a judgement of the answer: the verifier or
+# the program crashed, ran out of time or broke a sandbox limit. Wrong and unparseable answers
+# (WRONG, FORMAT_ERROR) are judgements, not failures. Step reports and the TRL metrics count these
+# as errors; defined once here so that every count means the same.
+FAILURE_STATUSES: frozenset[Status] = frozenset({Status.ERROR, Status.TIMEOUT, Status.SANDBOX_VIOLATION})
 
 
 def stable_hash(*parts: Any) -> str:
@@ -87,10 +96,9 @@ class VerifyResult:
         return {"reward": self.reward, "correct": self.correct, "status": self.status.value, "details": self.details}
 
 
-class DomainConfig(BaseModel):
-    """Options every domain accepts; a domain subclasses this for its own options."""
+class DomainConfig(StrictModel):
+    """Options every domain accepts; a domain subclasses this for its own options (unknown keys fail)."""
 
-    model_config = ConfigDict(extra="forbid")
     verify_timeout_s: float = 10.0  # hard deadline enforced by the verifier pool
     # Token budget of one completion (of one assistant turn in tool episodes); None: the trainer's.
     max_new_tokens: int | None = Field(None, gt=0)
@@ -101,12 +109,20 @@ class Domain:
 
     Subclasses set ``name``, ``levels`` and ``Config`` and implement ``sample`` and ``verify``;
     ``reference`` returns a known-good completion (SFT warm start, tests) when one exists.
+
+    A multi-turn domain (tool use) sets ``multi_turn`` and implements ``environment(task)``: the
+    trainer then plays an episode of assistant turns against that environment and verifies the
+    transcript. ``stop_text`` is the text that ends an assistant turn besides end-of-turn (the
+    closing tag of a tool call), so that the environment can answer; None: only end-of-turn does.
+    The trainer asks the domain for both rather than knowing any markup itself.
     """
 
     name: str = ""
     levels: tuple[int, ...] = (1,)
     version: str = "1"  # bump when verify() changes meaning; stored with every result
     Config: ClassVar[type[DomainConfig]] = DomainConfig
+    multi_turn: bool = False  # episodes of several assistant turns against environment(task)
+    stop_text: str | None = None  # ends an assistant turn of an episode besides end-of-turn
 
     def __init__(self, config: DomainConfig | None = None, **options: Any) -> None:
         self.config = config if config is not None else self.Config(**options)

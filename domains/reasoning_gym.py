@@ -63,7 +63,7 @@ from pydantic import Field
 from domains.api import (
     Domain, DomainConfig, DomainFamily, Status, Task, VerifyResult, one_line, stable_hash, user_prompt,
 )
-from domains.math_answer import answer_region
+from domains.math.answer import answer_region
 
 PREFIX = "rg"  # the entry point's name in pyproject.toml: domains are rg_<dataset>
 EXCLUDED = frozenset({"composite"})

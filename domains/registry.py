@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from domains.api import Domain, DomainFamily, one_line
+from domains.config import describe_error
 
 GROUP = "palestra.domains"
 FAMILY_GROUP = "palestra.domain_families"
@@ -228,8 +229,5 @@ def load_all(names: list[str], options: dict[str, dict[str, Any]] | None = None)
 
 def _option_error(exc: Exception) -> str:
     if isinstance(exc, ValidationError):  # "key: message", not pydantic's multi-line report
-        errors = exc.errors()
-        key = ".".join(str(part) for part in errors[0]["loc"]) or "options"
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return f"{key}: {errors[0]['msg'].removeprefix('Value error, ')}{more}"
+        return describe_error(exc, top="options")
     return one_line(exc)

@@ -12,10 +12,10 @@ import pytest
 
 from domains import registry
 from domains.api import Status
-from domains.code import CALL_PREAMBLE, assemble, extract_code, stdout_matches, typing_preamble, values_match
-from domains.code_dataset import CodeDatasetDomain, detect_format
-from domains.code_gen import INT_TEMPLATES, LIST_TEMPLATES, IntFunctionsDomain, ListFunctionsDomain
-from domains.pool import VerifierPool
+from domains.code.dataset import CodeDatasetDomain, detect_format
+from domains.code.generated import INT_TEMPLATES, LIST_TEMPLATES, IntFunctionsDomain, ListFunctionsDomain
+from domains.code.program import CALL_PREAMBLE, assemble, extract_code, stdout_matches, typing_preamble, values_match
+from domains.verify.pool import VerifierPool
 
 FAST = {"sandbox": {"wall_timeout_s": 2.0, "cpu_s": 1}}
 
@@ -336,7 +336,7 @@ def test_procedural_sampling_is_deterministic_and_picklable():
 
 
 def test_code_domains_do_not_import_torch():
-    code = "import sys, domains.code, domains.code_gen, domains.sandbox; print('torch' in sys.modules)"
+    code = "import sys, domains.code.verifier, domains.code.generated, domains.verify.sandbox; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -13,16 +13,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from domains.code import CodeDomain
-from domains.code_dataset import CodeDatasetDomain
-from domains.code_gen import IntFunctionsDomain
-from domains.pool import VerifierPool
-from domains.sandbox import SandboxConfig, SandboxUnavailable, self_test
+from domains.code.dataset import CodeDatasetDomain
+from domains.code.generated import IntFunctionsDomain
+from domains.code.verifier import CodeDomain
+from domains.verify.pool import VerifierPool
+from domains.verify.sandbox import SandboxConfig, SandboxUnavailable, self_test
 from hostile.programs import HOSTILE, Hostile
 
 PROJECT = Path(__file__).resolve().parents[1]
 FAST = {"sandbox": {"wall_timeout_s": 2.0, "cpu_s": 1}, "verify_timeout_s": 30.0}
-SANDBOX_UID_MIN = 1_500_000_000  # domains.sandbox._fresh_uid draws from here up
+SANDBOX_UID_MIN = 1_500_000_000  # domains.verify.sandbox_limits._fresh_uid draws from here up
 
 HUMANEVAL_ROW = {
     "task_id": "Hostile/0",

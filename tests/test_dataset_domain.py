@@ -12,7 +12,7 @@ import pytest
 
 from domains import registry
 from domains.api import Status
-from domains.dataset import MATH_DATASET, DatasetError, MathDataset, is_heldout
+from domains.math.dataset import MATH_DATASET, DatasetError, MathDataset, is_heldout
 
 
 def _rows(n: int = 60) -> list[dict]:
@@ -254,7 +254,7 @@ def test_two_files_side_by_side_as_named_instances_of_a_user_module(tmp_path: Pa
     first = _jsonl(tmp_path / "a.jsonl", [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(20)])
     second = _jsonl(tmp_path / "b.jsonl", [{"prompt": f"{i}*2=", "answer": str(2 * i), "level": 2} for i in range(20)])
     (tmp_path / "mysets.py").write_text(
-        "from domains.dataset import MathDataset\n"
+        "from domains.math.dataset import MathDataset\n"
         f"GSM = MathDataset(path={str(first)!r}, name='gsm')\n"
         f"EXTRA = MathDataset(path={str(second)!r}, name='extra')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

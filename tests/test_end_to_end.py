@@ -193,7 +193,7 @@ def test_a_domain_without_held_out_tasks_trains_and_is_left_out_of_the_stored_ev
 def test_a_verifier_pool_that_cannot_start_stops_the_run_before_any_step(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from domains.pool import VerifierPoolBroken
+    from domains.verify.pool import VerifierPoolBroken
     from trainer.app import run
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))  # spawned workers try pool_helpers from here
@@ -281,7 +281,7 @@ def test_sampling_threads_never_exceed_this_ranks_share_of_the_cores(tmp_path, m
 
 
 def test_a_pool_broken_during_the_warm_start_ends_the_run_at_the_next_sft_log(tmp_path):
-    from domains.pool import VerifierPoolBroken
+    from domains.verify.pool import VerifierPoolBroken
 
     recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], sft={"steps": 200}))
     try:
@@ -296,7 +296,7 @@ def test_a_pool_broken_during_the_warm_start_ends_the_run_at_the_next_sft_log(tm
 
 
 def test_a_pool_broken_at_the_final_evaluation_keeps_the_trained_steps_in_a_checkpoint(tmp_path):
-    from domains.pool import VerifierPoolBroken
+    from domains.verify.pool import VerifierPoolBroken
 
     recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], trainer={"steps": 2},
                                     checkpoint={"every": 0}))

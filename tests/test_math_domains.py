@@ -12,9 +12,9 @@ import pytest
 
 from domains import registry
 from domains.api import Status, Task, stable_hash
-from domains import math_gen
-from domains.math_gen import ARITHMETIC, FRACTIONS, LINEAR_EQUATIONS, ProceduralMath
-from domains.math_work import solution
+from domains.math import generated as math_gen
+from domains.math.generated import ARITHMETIC, FRACTIONS, LINEAR_EQUATIONS, ProceduralMath
+from domains.math.work import solution
 from trainer.config import TrainerConfig
 
 FAMILIES = [ARITHMETIC, LINEAR_EQUATIONS, FRACTIONS]
@@ -205,6 +205,6 @@ def test_registered_through_entry_points() -> None:
 
 
 def test_domain_modules_do_not_import_torch() -> None:
-    code = "import sys, domains.math_gen, domains.dataset; print('torch' in sys.modules)"
+    code = "import sys, domains.math.generated, domains.math.dataset; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

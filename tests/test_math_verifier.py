@@ -9,9 +9,9 @@ import time
 import pytest
 
 from domains.api import Status, Task, user_prompt
-from domains.math_answer import MathConfig, extract_final_answer, find_boxed, grade_answer, parse_gold
-from domains.math_gen import ARITHMETIC
-from domains.pool import VerifierPool
+from domains.math.answer import MathConfig, extract_final_answer, find_boxed, grade_answer, parse_gold
+from domains.math.generated import ARITHMETIC
+from domains.verify.pool import VerifierPool
 
 OK, WRONG, FORMAT = Status.OK, Status.WRONG, Status.FORMAT_ERROR
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from domains.math_work import column_add, column_subtract, signed_sum, solution
+from domains.math.work import column_add, column_subtract, signed_sum, solution
 
 
 def _check(steps: list[str]) -> None:

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # spawned workers import pool_he
 from pool_helpers import UNRULY, task  # noqa: E402
 
 from domains.api import Status, Task, user_prompt  # noqa: E402
-from domains.pool import Verdict, VerifierPool, VerifierPoolBroken, verify_guarded  # noqa: E402
+from domains.verify.pool import Verdict, VerifierPool, VerifierPoolBroken, verify_guarded  # noqa: E402
 
 DEADLINE_S = UNRULY.config.verify_timeout_s
 RESULT_WAIT_S = 30  # a bound on Future.result so a broken pool fails the test instead of hanging
@@ -166,7 +166,7 @@ def test_the_first_call_does_not_pay_for_start_up() -> None:
 
 
 def test_a_warm_up_that_fails_leaves_the_error_to_verify() -> None:
-    from domains.pool import warm_up
+    from domains.verify.pool import warm_up
 
     class Broken(type(UNRULY)):
         def warm_up(self) -> None:

@@ -24,9 +24,9 @@ from pool_helpers import UNRULY, task  # noqa: E402
 
 from curriculum.store import StatsStore  # noqa: E402
 from domains.api import Status, Task, user_prompt  # noqa: E402
-from domains.backend import make_pool, VerifierConfig  # noqa: E402
-from domains.pool import Verdict, VerifierPool  # noqa: E402
-from domains.ray_pool import RayVerifierPool  # noqa: E402
+from domains.verify.backend import make_pool, VerifierConfig  # noqa: E402
+from domains.verify.pool import Verdict, VerifierPool  # noqa: E402
+from domains.verify.ray_pool import RayVerifierPool  # noqa: E402
 from domains.registry import load  # noqa: E402
 from trainer.config import ConfigError, validate_config  # noqa: E402
 from quick_settings import quick  # noqa: E402
@@ -183,7 +183,7 @@ def test_a_cluster_without_room_fails_calls_instead_of_hanging(pool):
 DRIVER = textwrap.dedent("""
     import sys
     import ray
-    from domains.ray_pool import RayVerifierPool
+    from domains.verify.ray_pool import RayVerifierPool
     from domains.registry import load
 
     arithmetic = load("arithmetic")
@@ -209,13 +209,13 @@ def test_an_address_joins_a_running_cluster_and_leaves_it_running(pool, tmp_path
 
 def test_an_unreachable_address_fails_in_one_line_at_once(tmp_path):
     """In a fresh process (this one's Ray is up and would be reused): Ray itself would retry for minutes."""
-    code = ("from domains.ray_pool import RayVerifierPool\n"
+    code = ("from domains.verify.ray_pool import RayVerifierPool\n"
             "RayVerifierPool({}, address='127.0.0.1:1')\n")
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and time.monotonic() - start < 60
     assert done.stderr.strip().splitlines()[-1] == (
-        "domains.backend.VerifierBackendUnavailable: cannot connect to the Ray cluster at '127.0.0.1:1': Connection refused")
+        "domains.verify.pool.VerifierBackendUnavailable: cannot connect to the Ray cluster at '127.0.0.1:1': Connection refused")
 
 
 # -- configuration ----------------------------------------------------------------------------------------

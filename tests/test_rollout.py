@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from domains.tools.calls import CLOSE as TOOL_CALL_END
 from trainer.models import encode_prompt, load_model, load_tokenizer
-from trainer.episodes import TOOL_CALL_END
 from trainer.rollout import StopText, generate, left_pad, positions, sequence_logprobs
 from trainer.tiny_model import build_tiny_model
 

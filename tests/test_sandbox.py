@@ -13,9 +13,9 @@ import pytest
 from pydantic import ValidationError
 
 from domains.api import Status, Task
-from domains.code import CodeConfig, verify_code
-from domains.sandbox import SandboxConfig, SandboxProcess, SandboxUnavailable, _SELF_TEST, run_script, self_test
-from domains.sandbox_harness import decode_value
+from domains.code.verifier import CodeConfig, verify_code
+from domains.verify.sandbox import SandboxConfig, SandboxProcess, SandboxUnavailable, _SELF_TEST, run_script, self_test
+from domains.verify.sandbox_harness import decode_value
 
 FAST = SandboxConfig(wall_timeout_s=2.0, cpu_s=1)
 

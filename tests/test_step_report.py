@@ -5,8 +5,8 @@ import torch
 from curriculum.steps import domain_metrics, outcomes
 from curriculum.types import rewards_agree
 from domains.api import Status, Task, VerifyResult, user_prompt
-from domains.math_gen import ARITHMETIC
-from domains.pool import Verdict
+from domains.math.generated import ARITHMETIC
+from domains.verify.pool import Verdict
 from trainer.batch import StepBatch
 from trainer.collect import StepRollouts
 from trainer.losses import group_advantages

@@ -10,7 +10,7 @@ import pytest
 
 from curriculum.cli import main
 from domains.api import Status
-from domains.pool import VerifierPool
+from domains.verify.pool import VerifierPool
 from domains.registry import load
 from domains.tools.builtin import TOOL_CALCULATOR, TOOL_KV_STORE, TOOL_LOOKUP
 from domains.tools.calls import render_call

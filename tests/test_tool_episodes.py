@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from domains.registry import load_all
-from trainer.episodes import TOOL_CALL_END, run_episodes, tool_message_tokens, transcript_tokens
+from domains.tools.calls import CLOSE as TOOL_CALL_END
+from trainer.episodes import run_episodes, tool_message_tokens, transcript_tokens
 from trainer.models import encode_prompt, load_model, load_tokenizer
 from trainer.rollout import assemble, left_pad
 from trainer.sft import reference_pairs, supervised_loss
@@ -29,7 +30,7 @@ def test_transcript_tokens_mask_tool_responses(setup):
     _, tok, domains = setup
     task = domains["tool_calculator"].sample(5, 1, random.Random(1))[0]
     transcript = domains["tool_calculator"].reference(task)
-    tokens, mask = transcript_tokens(tok, transcript)
+    tokens, mask = transcript_tokens(tok, transcript, domains["tool_calculator"].stop_text)
     messages = json.loads(transcript)
     trained = _masked_text(tok, tokens, mask, keep=1)
     context = _masked_text(tok, tokens, mask, keep=0)
@@ -119,3 +120,34 @@ def test_the_tiny_tokenizer_spends_one_token_per_piece_of_call_markup_and_round_
     assert tok(TOOL_CALL_END, add_special_tokens=False)["input_ids"] == [tok.convert_tokens_to_ids(TOOL_CALL_END)]
     for text in [call, 'x}}}y{{"name":"z', "<tool_call", '{"name": "spaced"}', "3+4=\\boxed{7}\n"]:
         assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_a_domain_declares_whether_it_is_multi_turn_and_what_ends_a_turn():
+    from domains.api import Domain
+    from domains.registry import load
+
+    assert Domain.multi_turn is False and Domain.stop_text is None
+    for name in ("tool_calculator", "tool_kv_store", "tool_lookup"):
+        domain = load(name)
+        assert domain.multi_turn and domain.stop_text == TOOL_CALL_END
+    for name in ("arithmetic", "code_functions", "bfcl"):  # bfcl: every call in one completion
+        domain = load(name)
+        assert not domain.multi_turn and domain.stop_text is None
+
+
+def test_episodes_of_domains_with_other_stop_texts_are_sampled_apart(setup):
+    import copy
+    import dataclasses
+
+    from trainer.episodes import by_rollout
+
+    _, _, domains = setup
+    calculator = domains["tool_calculator"]
+    other = copy.copy(calculator)
+    other.stop_text = "</call>"
+    tasks = calculator.sample(1, 2, random.Random(0))
+    tasks = [tasks[0], dataclasses.replace(tasks[1], domain="other", id="")]
+    both = {"tool_calculator": calculator, "other": other}
+    assert by_rollout(tasks, both) == [[tasks[1]], [tasks[0]]]  # "</call>" sorts before "</tool_call>"
+    with pytest.raises(ValueError, match="one stop text"):
+        run_episodes(None, None, tasks, both, max_new_tokens=8, max_total_tokens=16, temperature=1.0)

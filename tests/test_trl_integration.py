@@ -19,7 +19,7 @@ from curriculum.config import FixedDifficultyConfig, UniformConfig
 from trainer.integrations.trl import BatchShape, TRLCurriculum, completion_text, trl_batch_shape
 from curriculum.store import StatsStore
 from domains.api import Task
-from domains.pool import verify_guarded
+from domains.verify.pool import verify_guarded
 from domains.registry import DomainError
 from trainer.losses import group_advantages
 
@@ -103,7 +103,7 @@ def test_steps_never_scored_are_dropped_and_a_foreign_completion_is_refused(curr
 
 
 def test_a_verifier_pool_that_cannot_start_fails_the_reward_call_and_records_nothing(tmp_path):
-    from domains.pool import VerifierPoolBroken
+    from domains.verify.pool import VerifierPoolBroken
     from pool_helpers import UNSTARTABLE
 
     store = StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}")
@@ -171,7 +171,7 @@ def test_build_names_a_bad_policy_or_domain_before_starting_anything(tmp_path):
 
 
 def test_verifier_workers_and_a_verifier_section_are_not_both_taken(tmp_path):
-    from domains.backend import VerifierConfig
+    from domains.verify.backend import VerifierConfig
 
     store = StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}")
     with pytest.raises(ValueError, match="give verifier_workers or verifier"):

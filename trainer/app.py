@@ -17,8 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from curriculum.config import fill_run_defaults
 from curriculum.store import SchemaVersionError, StoreUnavailable
-from domains.backend import VerifierBackendUnavailable
-from domains.pool import VerifierPoolBroken
+from domains.verify.pool import VerifierBackendUnavailable, VerifierPoolBroken
 from trainer.vllm_engine import VLLMUnavailable
 from domains.registry import DomainError
 from trainer.config import ConfigError, PalestraConfig, check_override_keys, regroup_overrides, validate_config

@@ -11,7 +11,7 @@ import torch
 
 from curriculum.types import rewards_agree
 from domains.api import Domain, Task
-from domains.pool import Verdict
+from domains.verify.pool import Verdict
 from trainer.episodes import by_rollout
 from trainer.rollout import Rollout
 

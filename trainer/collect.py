@@ -19,7 +19,7 @@ import torch
 from curriculum.steps import Group
 from curriculum.types import Plan
 from domains.api import Domain, Task
-from domains.pool import VerifierPool
+from domains.verify.pool import Pool
 from trainer.batch import StepBatch, chunk_seed, concat, generation_chunks, rollout_on_cpu, shrink_counts, varied_groups
 from trainer.config import TrainerConfig
 from trainer.distributed import SharedCurriculum, World
@@ -52,7 +52,7 @@ class StepRollouts:
 class RolloutCollector:
     """Samples and verifies a step's tasks with the policy as it is now."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, domains: dict[str, Domain], pool: VerifierPool,
+    def __init__(self, model: torch.nn.Module, tokenizer, domains: dict[str, Domain], pool: Pool,
                  settings: TrainerConfig, *, seed: int, world: World, device: torch.device,
                  sampler: Callable[[], Sampler], autocast: Callable[[], ContextManager]) -> None:
         self.model, self.tokenizer, self.domains, self.pool = model, tokenizer, domains, pool

@@ -10,15 +10,12 @@ import difflib
 import sys
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig, describe_error
-from domains.backend import VerifierConfig
+from domains.config import StrictModel as Strict
+from domains.verify.backend import VerifierConfig
 from trainer.health import HealthConfig
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class TinyModelConfig(Strict):

@@ -13,11 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from domains.api import Domain, Task
-from domains.tools.calls import CLOSE
 from trainer.models import encode_prompt
 from trainer.rollout import Rollout, Sampler, assemble, generate, left_pad, stop_text
-
-TOOL_CALL_END = CLOSE
 
 
 @dataclass
@@ -31,10 +28,6 @@ class Episode:
     turns: int = 0
     done: bool = False
     truncated: bool = False
-
-
-def is_multi_turn(domain: Domain) -> bool:
-    return bool(getattr(domain, "multi_turn", False))
 
 
 def tool_message_tokens(tokenizer, content: str) -> list[int]:
@@ -56,11 +49,16 @@ def run_episodes(
     sampler: Sampler = generate,
 ) -> tuple[Rollout, list[str]]:
     """Play one episode per task (repeat a task G times for a group); returns the rollout and the
-    JSON transcripts, row for row."""
+    JSON transcripts, row for row. A turn ends at end-of-turn or at the domains' ``stop_text``, which
+    the tasks' domains must share (``by_rollout`` groups them so)."""
+    ends = {domains[t.domain].stop_text for t in tasks}
+    if len(ends) > 1:
+        raise ValueError(f"one batch of episodes needs one stop text, not {sorted(map(repr, ends))}")
+    end = ends.pop() if ends else None
     episodes = [Episode(t, encode_prompt(tokenizer, t.prompt), max_turns=domains[t.domain].config.max_turns)
                 for t in tasks]
     envs = [domains[t.domain].environment(t) for t in tasks]
-    stop = stop_text(tokenizer, TOOL_CALL_END)
+    stop = stop_text(tokenizer, end) if end else None
     eos = tokenizer.eos_token_id
     while True:
         live = [i for i, e in enumerate(episodes) if not e.done]
@@ -131,7 +129,7 @@ def sample_rows(
     option, when set, replaces the trainer's budget."""
     domain = domains[rows[0].domain]
     budget = domain.config.max_new_tokens or max_new_tokens
-    if is_multi_turn(domain):
+    if domain.multi_turn:
         return run_episodes(model, tokenizer, rows, domains, max_new_tokens=budget,
                             max_total_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
                             generator=generator, sampler=sampler)
@@ -143,28 +141,30 @@ def sample_rows(
 
 def by_rollout(tasks: list[Task], domains: dict[str, Domain]) -> list[list[Task]]:
     """Tasks grouped by how they are sampled — single completions or tool episodes, under which
-    token budget — each group in the original order. A generation batch needs one kind and one
-    budget, not one domain: three math domains then decode together instead of one after another,
-    which on a CPU, where a decoding step costs about the same for 8 rows as for 64, saves most of
-    the generation time. Single completions come first (by budget, the trainer's own first) and tool
+    token budget and, for episodes, which stop text — each group in the original order. A generation
+    batch needs one kind and one budget, not one domain: three math domains then decode together
+    instead of one after another, which on a CPU, where a decoding step costs about the same for 8
+    rows as for 64, saves most of the generation time. Single completions come first (by budget, the trainer's own first) and tool
     episodes last, so the verification of the earlier groups (a sandbox run per code completion)
     overlaps the longest generation."""
-    groups: dict[tuple[bool, int], list[Task]] = {}
+    groups: dict[tuple[bool, int, str], list[Task]] = {}
     for task in tasks:
         domain = domains[task.domain]
-        groups.setdefault((is_multi_turn(domain), domain.config.max_new_tokens or 0), []).append(task)
+        end = (domain.stop_text or "") if domain.multi_turn else ""
+        groups.setdefault((domain.multi_turn, domain.config.max_new_tokens or 0, end), []).append(task)
     return [groups[kind] for kind in sorted(groups)]
 
 
-def transcript_tokens(tokenizer, transcript: str) -> tuple[list[int], list[int]]:
+def transcript_tokens(tokenizer, transcript: str, turn_end: str | None) -> tuple[list[int], list[int]]:
     """A reference transcript (JSON messages after the prompt) -> tokens and policy mask, laid out
-    exactly as ``run_episodes`` lays out a played episode (for the SFT warm start)."""
+    exactly as ``run_episodes`` lays out a played episode of a domain whose ``stop_text`` is
+    ``turn_end`` (for the SFT warm start)."""
     tokens: list[int] = []
     mask: list[int] = []
     for message in json.loads(transcript):
         if message["role"] == "assistant":
             text = tokenizer(message["content"], add_special_tokens=False)["input_ids"]
-            ends_with_call = message["content"].rstrip().endswith(TOOL_CALL_END)
+            ends_with_call = bool(turn_end) and message["content"].rstrip().endswith(turn_end)
             tokens += text + [tokenizer.eos_token_id]
             # after a tool call the rollout stops at the closing tag and closes the turn itself
             mask += [1] * len(text) + [0 if ends_with_call else 1]

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from domains.api import Domain, Task
-from domains.backend import Pool
+from domains.verify.pool import Pool
 from domains.registry import DomainError
 from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate

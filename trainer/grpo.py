@@ -24,8 +24,8 @@ from curriculum.curriculum import Curriculum, domain_levels
 from curriculum.scheduler import StepWriteFailed
 from curriculum.store import StatsStore, StoreUnavailable, without_password
 from domains.api import Task, one_line
-from domains.backend import make_pool
-from domains.pool import VerifierPool, VerifierPoolBroken
+from domains.verify.backend import make_pool
+from domains.verify.pool import Pool, VerifierPoolBroken
 from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
 from trainer.collect import RolloutCollector
@@ -49,7 +49,7 @@ class GRPORecipe:
         self.output_dir = Path(cfg.output_dir)
         self.start_step = 0
         self.resumed_changes: list[str] = []  # settings a resume launched with, where they differ from the run's start
-        self.pool: VerifierPool | None = None
+        self.pool: Pool | None = None
         self.logger: MetricsLogger | None = None
         self.store: StatsStore | None = None
         self.curriculum: distributed.SharedCurriculum | None = None

@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from domains.config import StrictModel
 
 
-class HealthConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class HealthConfig(StrictModel):
     kl_max: float | None = Field(None, gt=0)
     entropy_min: float | None = Field(None, ge=0)
     entropy_max: float | None = Field(None, gt=0)

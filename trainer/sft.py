@@ -14,7 +14,7 @@ import torch
 
 from domains.api import Domain, Task
 from trainer.config import SFTConfig
-from trainer.episodes import is_multi_turn, transcript_tokens
+from trainer.episodes import transcript_tokens
 from trainer.models import encode_completion, encode_prompt
 from trainer.rollout import left_pad, positions
 
@@ -31,8 +31,8 @@ def reference_pairs(tokenizer, tasks: list[Task], domains: dict[str, Domain]) ->
         reference = domain.reference(task)
         if reference is None:
             continue
-        if is_multi_turn(domain):
-            completion, mask = transcript_tokens(tokenizer, reference)
+        if domain.multi_turn:
+            completion, mask = transcript_tokens(tokenizer, reference, domain.stop_text)
         else:
             completion = encode_completion(tokenizer, reference)
             mask = [1] * len(completion)

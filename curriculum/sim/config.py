@@ -7,15 +7,12 @@ fails in one line naming the key.
 from __future__ import annotations
 
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from curriculum.compare import DEFAULT_MASTERY
 from curriculum.config import DifficultyConfig, PolicyConfig, StoreConfig, describe_error
 from curriculum.schema import is_in_memory_sqlite
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from domains.config import StrictModel as _Strict
 
 
 class ScenarioConfig(_Strict):

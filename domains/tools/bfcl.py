@@ -240,6 +240,8 @@ class BFCLConfig(DomainConfig):
 
 
 class BFCLDomain(TaskListDomain):
+    # Single-turn (the Domain defaults: not multi_turn, no stop_text): one completion holds every
+    # call, parallel ones included, so generation must not stop at the first closing tag.
     name = "bfcl"
     levels = (1, 2, 3, 4)
     Config = BFCLConfig

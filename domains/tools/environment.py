@@ -29,7 +29,7 @@ import jsonschema
 from pydantic import Field
 
 from domains.api import Domain, DomainConfig, Status, Task, VerifyResult, stable_hash
-from domains.tools.calls import Call, CallFormatError, loads_strict, parse_turn
+from domains.tools.calls import CLOSE, Call, CallFormatError, loads_strict, parse_turn
 
 MAX_TURN_CHARS = 16_384  # longer assistant turns are malformed before any parsing
 MAX_TRANSCRIPT_CHARS = 262_144
@@ -212,6 +212,7 @@ class ToolDomain(Domain):
 
     Config: ClassVar[type[DomainConfig]] = ToolConfig
     multi_turn = True
+    stop_text = CLOSE  # a turn ends at its tool call's closing tag: the environment answers the call
 
     def environment(self, task: Task) -> ToolEnvironment:
         raise NotImplementedError(f"domain {self.name!r} must implement environment()")

@@ -55,13 +55,12 @@ from transformers import TrainerCallback
 
 from curriculum.config import CurriculumConfig, DifficultyConfig, PolicyConfig, describe_error
 from curriculum.curriculum import Curriculum
-from curriculum.steps import FAILED, Group
-from curriculum.types import rewards_agree
+from curriculum.steps import Group
 from curriculum.store import StatsStore
-from curriculum.types import Plan
-from domains.api import Domain, Task
-from domains.backend import VerifierConfig, make_pool
-from domains.pool import Verdict, VerifierPool
+from curriculum.types import Plan, rewards_agree
+from domains.api import FAILURE_STATUSES, Domain, Task
+from domains.verify.backend import VerifierConfig, make_pool
+from domains.verify.pool import Verdict, VerifierPool
 from domains.registry import load_all
 from trainer.losses import group_advantages
 
@@ -369,7 +368,7 @@ def _check_settings(domains: dict[str, Domain], advantage_std: str) -> None:
     if not domains:
         raise ValueError("the TRL curriculum needs at least one domain")
     for name, domain in domains.items():
-        if getattr(domain, "multi_turn", False):
+        if domain.multi_turn:
             raise ValueError(f"domain {name!r} is multi-turn (tools); the TRL curriculum scores single completions")
 
 
@@ -437,7 +436,7 @@ def _log_to_trl(log_metric: Callable[[str, float], None], tasks: list[Task], ver
     for name, found in sorted(by_domain.items()):
         log_metric(f"palestra/{name}/reward", sum(v.result.reward for v in found) / len(found))
         log_metric(f"palestra/{name}/success", sum(v.result.correct for v in found) / len(found))
-    log_metric("palestra/verifier_failures", float(sum(v.result.status in FAILED for v in verdicts)))
+    log_metric("palestra/verifier_failures", float(sum(v.result.status in FAILURE_STATUSES for v in verdicts)))
     # of those, the completions the verifier could not judge at all (it raised, no sandbox, ...)
     log_metric("palestra/unscored", float(sum(not v.result.scored for v in verdicts)))
     for plan in recorded:
