@@ -7,8 +7,8 @@ themselves. The SQL is portable (no SQLite-only features) so the same code runs 
 
 The tables are in ``curriculum.schema``. This module opens the database and writes to it; the
 queries are in ``curriculum.store_read`` (mixed into ``StatsStore``), the per-prompt totals in
-``curriculum.store_prompts`` and the URL helpers in ``curriculum.store_urls`` (their public names
-are importable from here too).
+``curriculum.store_prompts``, the step statistics in ``curriculum.cells`` and the URL helpers in
+``curriculum.store_urls`` (their public names are importable from here too).
 
 Writes are batched: ``write_step`` is one transaction per step, and it replaces whatever that
 (run, step) held before (delete, then insert), so a resumed run that replays a step never counts
@@ -24,12 +24,13 @@ import zlib
 from datetime import datetime, timezone
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sqlalchemy import delete, func, insert, inspect, select, update
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 
+from curriculum.cells import aggregate_outcomes
 from curriculum.schema import (
     SCHEMA_VERSION,
     STEP_TABLES,
@@ -390,28 +391,6 @@ def _plan_vector_row(run_id: str, step: int, plan: "Plan") -> dict:
             "weights": np.asarray(plan.weights, dtype=float).tolist(),
             "levels": [int(v) for v in np.asarray(plan.levels).tolist()]}
 
-
-
-def aggregate_outcomes(outcomes: "Iterable[Outcome]") -> list[dict]:
-    """Per (domain, level) aggregates of one step's outcomes (the reference, loop-based version)."""
-    cells: dict[tuple[str, int], dict] = {}
-    groups: dict[int, list] = {}
-    for o in outcomes:
-        cell = cells.setdefault((o.domain, int(o.level)), dict(
-            domain=o.domain, level=int(o.level), attempts=0, successes=0, reward_sum=0.0,
-            abs_adv_sum=0.0, zero_var_groups=0, groups=0))
-        cell["attempts"] += 1
-        cell["successes"] += int(bool(o.correct))
-        cell["reward_sum"] += float(o.reward)
-        cell["abs_adv_sum"] += abs(float(o.advantage))
-        groups.setdefault(o.group, []).append(o)
-    for members in groups.values():
-        cell = cells[(members[0].domain, int(members[0].level))]
-        cell["groups"] += 1
-        cell["zero_var_groups"] += int(len({m.reward for m in members}) == 1)
-    for cell in cells.values():
-        cell["mean_abs_adv"] = cell["abs_adv_sum"] / cell["attempts"]
-    return list(cells.values())
 
 
 def _one_element(value: Any) -> bool:
