@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from curriculum.difficulty import CONTROLLERS, DifficultyController, LevelTable
 from curriculum.policies import POLICIES, MixingPolicy, Wrapped
+from curriculum.store_urls import default_store_url
 
 
 class _Strict(BaseModel):
@@ -281,5 +282,5 @@ def fill_run_defaults(raw: dict, hydra_cfg: object | None, default_name: str) ->
     store = raw.setdefault("store", {})
     if not store.get("url"):
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        store["url"] = f"sqlite:///{sweep_dir.resolve() / 'palestra.db'}"
+        store["url"] = default_store_url(sweep_dir)
     return raw

@@ -57,12 +57,12 @@ from curriculum.store_prompts import (
     stored_prompt_totals,
 )
 from curriculum.store_read import StoreReads
-from curriculum.store_urls import URL_HINT, shown_url, without_password
+from curriculum.store_urls import URL_HINT, default_store_url, shown_url, without_password
 from domains.api import one_line
 
 # The public names, the ones re-exported from the modules above included.
 __all__ = ["RESULT_COLUMNS", "SchemaVersionError", "StatsStore", "StoreUnavailable", "aggregate_outcomes",
-           "empty_prompt_total", "fold_prompt_delta", "shown_url", "without_password"]
+           "default_store_url", "empty_prompt_total", "fold_prompt_delta", "shown_url", "without_password"]
 
 if TYPE_CHECKING:
     from curriculum.types import Outcome, Plan

@@ -1,10 +1,24 @@
-"""Store URLs as messages and stored configs show them."""
+"""Store URLs: the default SQLite file of a run, and URLs as messages and stored configs show them.
+
+Apart from ``curriculum.store`` so that the config code can name a run's default database
+without opening one.
+"""
 from __future__ import annotations
+
+from pathlib import Path
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+DB_FILE = "palestra.db"  # a run's (or a sweep's) SQLite file, in its output folder
+
 URL_HINT = " (a SQLite file is written sqlite:///path/to/file.db)"
+
+
+def default_store_url(folder: str | Path) -> str:
+    """The SQLite URL of ``<folder>/palestra.db``, the folder made absolute (symlinks resolved),
+    so the URL means the same file whatever the working directory. Creates nothing."""
+    return f"sqlite:///{Path(folder).resolve() / DB_FILE}"
 
 
 def shown_url(url: str) -> str:
