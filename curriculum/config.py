@@ -14,6 +14,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 
 from curriculum.difficulty import CONTROLLERS, DifficultyController, LevelTable
 from curriculum.policies import POLICIES, MixingPolicy, Wrapped
+from curriculum.store_urls import default_store_url
 from domains.config import StrictModel as _Strict
 from domains.config import describe_error as describe_validation_error
 
@@ -270,5 +271,5 @@ def fill_run_defaults(raw: dict, hydra_cfg: object | None, default_name: str) ->
     store = raw.setdefault("store", {})
     if not store.get("url"):
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        store["url"] = f"sqlite:///{sweep_dir.resolve() / 'palestra.db'}"
+        store["url"] = default_store_url(sweep_dir)
     return raw

@@ -5,7 +5,10 @@ aggregates per (domain, level), the plan of every step, the trainer's scalar met
 themselves. The SQL is portable (no SQLite-only features) so the same code runs on PostgreSQL
 (``postgresql+psycopg://...``) for sweeps that write from many machines.
 
-The tables are in ``curriculum.schema``.
+The tables are in ``curriculum.schema``. This module opens the database and writes to it; the
+queries are in ``curriculum.store_read`` (mixed into ``StatsStore``), the per-prompt totals in
+``curriculum.store_prompts``, the step statistics in ``curriculum.cells`` and the URL helpers in
+``curriculum.store_urls`` (their public names are importable from here too).
 
 Writes are batched: ``write_step`` is one transaction per step, and it replaces whatever that
 (run, step) held before (delete, then insert), so a resumed run that replays a step never counts
@@ -21,13 +24,13 @@ import zlib
 from datetime import datetime, timezone
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sqlalchemy import delete, func, insert, inspect, select, update
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 
+from curriculum.cells import aggregate_outcomes
 from curriculum.schema import (
     SCHEMA_VERSION,
     STEP_TABLES,
@@ -44,7 +47,22 @@ from curriculum.schema import (
     TaskRow,
     make_engine,
 )
+from curriculum.store_prompts import (
+    empty_prompt_total,
+    fold_deltas,
+    fold_prompt_delta,
+    prompt_totals_from_steps,
+    replace_prompt_totals,
+    stale_prompts,
+    stored_prompt_totals,
+)
+from curriculum.store_read import StoreReads
+from curriculum.store_urls import URL_HINT, default_store_url, shown_url, without_password
 from domains.api import one_line
+
+# The public names, the ones re-exported from the modules above included.
+__all__ = ["RESULT_COLUMNS", "SchemaVersionError", "StatsStore", "StoreUnavailable", "aggregate_outcomes",
+           "default_store_url", "empty_prompt_total", "fold_prompt_delta", "shown_url", "without_password"]
 
 if TYPE_CHECKING:
     from curriculum.types import Outcome, Plan
@@ -62,33 +80,6 @@ class SchemaVersionError(RuntimeError):
     """The database was written by a newer Palestra than this one."""
 
 
-_URL_HINT = " (a SQLite file is written sqlite:///path/to/file.db)"
-
-
-def shown_url(url: str) -> str:
-    """``url`` for messages and stored configs, a server password shown as ***. One that does not
-    parse hides everything before its last ``@`` but the ``scheme://`` (a mistyped URL may still
-    hold a password), and so does one with two ``@`` before its path: SQLAlchemy would read the
-    second half of a password holding an unescaped ``@`` as part of the host."""
-    authority = url.split("://", 1)[-1].split("/", 1)[0]
-    try:
-        if authority.count("@") <= 1:
-            return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):  # not a URL, or a port that is not a number
-        pass
-    if "@" not in url:
-        return url
-    head, _, host = url.rpartition("@")
-    scheme = head.split("://", 1)[0] + "://" if "://" in head else ""
-    return f"{scheme}***@{host}"
-
-
-def without_password(config: dict) -> dict:
-    """A run's config as it is stored: a server password in ``store.url`` shows as ***."""
-    url = (config.get("store") or {}).get("url")
-    return {**config, "store": {**config["store"], "url": shown_url(url)}} if url else config
-
-
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -101,29 +92,7 @@ def _compress(text: str) -> bytes:
     return packer.compress(text.encode("utf-8")) + packer.flush()
 
 
-def _decompress(blob: bytes | None) -> str:
-    return zlib.decompress(blob).decode("utf-8") if blob else ""
-
-
-# Readers of completions and tasks get None for a damaged blob, so one bad row does not stop a
-# replay or a report over thousands of good ones.
-def _text_or_none(blob: bytes | None) -> str | None:
-    try:
-        return _decompress(blob)
-    except (zlib.error, UnicodeDecodeError):
-        return None
-
-
-def _json_or_none(blob: bytes | None) -> dict | None:
-    text = _text_or_none(blob)
-    try:
-        data = json.loads(text) if text is not None else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-class StatsStore:
+class StatsStore(StoreReads):
     """The run database. ``url`` is any SQLAlchemy URL (``sqlite:///path.db`` by default use)."""
 
     def __init__(self, url: str, *, create: bool = True) -> None:
@@ -133,7 +102,7 @@ class StatsStore:
         try:
             self.engine = make_engine(url, writer=create)
         except (ArgumentError, ImportError, ValueError) as exc:  # unparseable URL or port, unknown backend, no driver
-            hint = _URL_HINT if "://" not in url and "@" not in url else ""
+            hint = URL_HINT if "://" not in url and "@" not in url else ""
             raise StoreUnavailable(f"cannot open the stats store {shown_url(url)}: {one_line(exc)}{hint}") from None
         self.reader = self.engine.execution_options(read_only=True)  # same pool; SQLite reads take no write lock
         # ~15 s of back-off in all: rides out a busy file or a server restart, not an outage
@@ -226,20 +195,6 @@ class StatsStore:
                 conn.execute(update(RunRow).where(RunRow.id == run_id).values(status=status, finished_at=_now()))
 
         self._retrying(f"marking run {run_id} {status}", mark)
-
-    def runs(self) -> list[dict]:
-        cols = (RunRow.id, RunRow.name, RunRow.sweep_id, RunRow.status, RunRow.seed,
-                RunRow.last_step, RunRow.started_at)
-        with self.reader.connect() as conn:
-            rows = conn.execute(select(*cols).order_by(RunRow.started_at, RunRow.id)).mappings().all()
-        return [dict(r) for r in rows]
-
-    def run(self, run_id: str) -> dict:
-        with self.reader.connect() as conn:
-            row = conn.execute(select(RunRow.__table__).where(RunRow.id == run_id)).mappings().first()
-        if row is None:
-            raise KeyError(f"no run {run_id!r} in {self.safe_url!r}")
-        return dict(row)
 
     # -- the per-step write -------------------------------------------------------------------
     def write_step(self, run_id: str, step: int, plan: "Plan", outcomes: "list[Outcome]",
@@ -335,14 +290,6 @@ class StatsStore:
         if rows:
             conn.execute(insert(TaskRow), rows)
 
-    def tasks(self, run_id: str, ids: Iterable[str] | None = None) -> dict[str, dict | None]:
-        """Stored tasks by id, as Task JSON; None for one stored damaged."""
-        query = select(TaskRow.task_id, TaskRow.task).where(TaskRow.run_id == run_id)
-        if ids is not None:
-            query = query.where(TaskRow.task_id.in_(list(ids)))
-        with self.reader.connect() as conn:
-            return {i: _json_or_none(blob) for i, blob in conn.execute(query)}
-
     def discard_after(self, run_id: str, step: int) -> int:
         """Delete every step after ``step`` (a resume from a checkpoint taken at ``step`` redoes
         them); returns how many result rows went. One transaction."""
@@ -371,69 +318,6 @@ class StatsStore:
 
         self._retrying(f"writing the metrics of step {step}", merge)
 
-    # -- reads --------------------------------------------------------------------------------
-    def results(self, run_id: str, step: int | None = None) -> list[dict]:
-        """Result rows in step order, the completion as text (None where it is stored damaged)."""
-        query = select(ResultRow.__table__).where(ResultRow.run_id == run_id)
-        if step is not None:
-            query = query.where(ResultRow.step == step)
-        with self.reader.connect() as conn:
-            rows = conn.execute(query.order_by(ResultRow.step, ResultRow.id)).mappings().all()
-        return [{**r, "completion": _text_or_none(r["completion"])} for r in rows]
-
-    def count_results(self, run_id: str) -> int:
-        with self.reader.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(ResultRow)
-                                    .where(ResultRow.run_id == run_id)).scalar())
-
-    def step_stats(self, run_id: str) -> list[dict]:
-        table = StepStatRow.__table__
-        query = select(table).where(table.c.run_id == run_id)
-        with self.reader.connect() as conn:
-            rows = conn.execute(query.order_by(table.c.step, table.c.domain, table.c.level)).mappings().all()
-        return [dict(r) for r in rows]
-
-    def plans(self, run_id: str) -> list[dict]:
-        table = PlanRow.__table__
-        query = select(table).where(table.c.run_id == run_id)
-        with self.reader.connect() as conn:
-            rows = conn.execute(query.order_by(table.c.step, table.c.domain)).mappings().all()
-        return [dict(r) for r in rows]
-
-    def plan_vectors(self, run_id: str) -> list[dict]:
-        """Every step's full plan: {step, domains, weights, levels} (lists in domain order)."""
-        table = PlanVectorRow.__table__
-        query = select(table).where(table.c.run_id == run_id).order_by(table.c.step)
-        with self.reader.connect() as conn:
-            return [dict(r) for r in conn.execute(query).mappings().all()]
-
-    def metrics(self, run_id: str) -> list[dict]:
-        query = select(MetricRow.step, MetricRow.values).where(MetricRow.run_id == run_id)
-        with self.reader.connect() as conn:
-            rows = conn.execute(query.order_by(MetricRow.step)).all()
-        return [{"step": step, **values} for step, values in rows]
-
-    def domain_summary(self, run_id: str) -> list[dict]:
-        """Per domain: attempts, successes, success_rate, and the latest planned weight and level."""
-        totals = (select(StepStatRow.domain, func.sum(StepStatRow.attempts).label("attempts"),
-                         func.sum(StepStatRow.successes).label("successes"))
-                  .where(StepStatRow.run_id == run_id).group_by(StepStatRow.domain))
-        last_step = select(func.max(PlanVectorRow.step)).where(PlanVectorRow.run_id == run_id).scalar_subquery()
-        latest = select(PlanVectorRow.domains, PlanVectorRow.weights, PlanVectorRow.levels).where(
-            PlanVectorRow.run_id == run_id, PlanVectorRow.step == last_step)
-        with self.reader.connect() as conn:
-            counts = {d: (int(a), int(s)) for d, a, s in conn.execute(totals)}
-            vectors = conn.execute(latest).first()
-        plans = {d: (float(w), int(lv)) for d, w, lv in zip(*vectors)} if vectors else {}
-        summary = []
-        for domain in sorted(set(counts) | set(plans)):
-            attempts, successes = counts.get(domain, (0, 0))
-            weight, level = plans.get(domain, (None, None))
-            summary.append(dict(domain=domain, attempts=attempts, successes=successes,
-                                success_rate=successes / attempts if attempts else None,
-                                weight=weight, level=level))
-        return summary
-
     # -- per-prompt statistics (PromptSelector) -------------------------------------------------
     def write_prompt_step(self, run_id: str, step: int, deltas: list[dict]) -> None:
         """Record one step's per-prompt deltas and fold them into ``prompt_stats``: ONE transaction.
@@ -451,53 +335,18 @@ class StatsStore:
 
     def _write_prompt_step_once(self, run_id: str, step: int, rows: list[dict]) -> None:
         with self.engine.begin() as conn:
-            stale = _stale_prompts(conn, run_id, step)
+            stale = stale_prompts(conn, run_id, step)
             if stale:
                 conn.execute(delete(PromptStepRow).where(PromptStepRow.run_id == run_id,
                                                          PromptStepRow.step >= step))
             self._bulk_insert(conn, PromptStepRow, rows)
             touched = {(r["domain"], r["task_id"]) for r in rows}
             if stale:
-                totals = _prompt_totals_from_steps(conn, run_id, touched | stale)
+                totals = prompt_totals_from_steps(conn, run_id, touched | stale)
             else:
-                totals = _fold_deltas(_stored_prompt_totals(conn, run_id, touched), rows)
-            _replace_prompt_totals(conn, run_id, touched | stale, totals)
+                totals = fold_deltas(stored_prompt_totals(conn, run_id, touched), rows)
+            replace_prompt_totals(conn, run_id, touched | stale, totals)
             self._bulk_insert(conn, PromptStatRow, [{"run_id": run_id, **t} for t in totals.values()])
-
-    def prompt_stats(self, run_id: str, domain: str | None = None) -> list[dict]:
-        """Per prompt totals of a run (optionally of one domain), ordered by domain and task id."""
-        t = PromptStatRow.__table__
-        query = select(t).where(t.c.run_id == run_id)
-        if domain is not None:
-            query = query.where(t.c.domain == domain)
-        with self.reader.connect() as conn:
-            return [dict(r) for r in conn.execute(query.order_by(t.c.domain, t.c.task_id)).mappings()]
-
-    def prompt_steps(self, run_id: str, until_step: int | None = None) -> list[dict]:
-        """Per step, per prompt deltas of a run (up to ``until_step``), in step order."""
-        t = PromptStepRow.__table__
-        query = select(t).where(t.c.run_id == run_id)
-        if until_step is not None:
-            query = query.where(t.c.step <= until_step)
-        with self.reader.connect() as conn:
-            return [dict(r) for r in conn.execute(query.order_by(t.c.step, t.c.task_id)).mappings()]
-
-    # -- sweeps ------------------------------------------------------------------------------
-    def sweep_runs(self, sweep_id: str) -> list[dict]:
-        """The runs recorded under ``sweep_id``, configs included, oldest first."""
-        query = (select(RunRow.__table__).where(RunRow.sweep_id == sweep_id)
-                 .order_by(RunRow.started_at, RunRow.id))
-        with self.reader.connect() as conn:
-            return [dict(r) for r in conn.execute(query).mappings().all()]
-
-    def step_totals(self, run_id: str) -> list[dict]:
-        """Per step: attempts, successes, groups and zero-variance groups summed over domains."""
-        t = StepStatRow
-        query = (select(t.step, func.sum(t.attempts).label("attempts"), func.sum(t.successes).label("successes"),
-                        func.sum(t.groups).label("groups"), func.sum(t.zero_var_groups).label("zero_var_groups"))
-                 .where(t.run_id == run_id).group_by(t.step).order_by(t.step))
-        with self.reader.connect() as conn:
-            return [dict(r) for r in conn.execute(query).mappings().all()]
 
     def close(self) -> None:
         self.engine.dispose()
@@ -542,115 +391,6 @@ def _plan_vector_row(run_id: str, step: int, plan: "Plan") -> dict:
             "weights": np.asarray(plan.weights, dtype=float).tolist(),
             "levels": [int(v) for v in np.asarray(plan.levels).tolist()]}
 
-
-def aggregate_outcomes(outcomes: "Iterable[Outcome]") -> list[dict]:
-    """Per (domain, level) aggregates of one step's outcomes (the reference, loop-based version)."""
-    cells: dict[tuple[str, int], dict] = {}
-    groups: dict[int, list] = {}
-    for o in outcomes:
-        cell = cells.setdefault((o.domain, int(o.level)), dict(
-            domain=o.domain, level=int(o.level), attempts=0, successes=0, reward_sum=0.0,
-            abs_adv_sum=0.0, zero_var_groups=0, groups=0))
-        cell["attempts"] += 1
-        cell["successes"] += int(bool(o.correct))
-        cell["reward_sum"] += float(o.reward)
-        cell["abs_adv_sum"] += abs(float(o.advantage))
-        groups.setdefault(o.group, []).append(o)
-    for members in groups.values():
-        cell = cells[(members[0].domain, int(members[0].level))]
-        cell["groups"] += 1
-        cell["zero_var_groups"] += int(len({m.reward for m in members}) == 1)
-    for cell in cells.values():
-        cell["mean_abs_adv"] = cell["abs_adv_sum"] / cell["attempts"]
-    return list(cells.values())
-
-
-# -- per-prompt totals ------------------------------------------------------------------------------
-_PROMPT_KEYS_PER_QUERY = 400  # task ids per IN (...) list, well under any driver's parameter limit
-
-
-def empty_prompt_total(domain: str, task_id: str) -> dict:
-    return dict(domain=domain, task_id=task_id, attempts=0, successes=0, groups=0,
-                all_correct_streak=0, all_wrong_streak=0, last_step=-1)
-
-
-def fold_prompt_delta(total: dict, delta: dict, step: int) -> dict:
-    """``total`` after one more step's ``delta`` (both dicts with the PromptStat/PromptStep columns).
-
-    A streak counts groups: if every group of the step was all-correct the streak grows by the
-    step's groups, otherwise it restarts at the step's trailing run (one of the tails is 0).
-    """
-    out = dict(total)
-    out["attempts"] += int(delta["attempts"])
-    out["successes"] += int(delta["successes"])
-    out["groups"] += int(delta["groups"])
-    groups = int(delta["groups"])
-    if groups and delta["tail_correct"] == groups:
-        out["all_correct_streak"], out["all_wrong_streak"] = total["all_correct_streak"] + groups, 0
-    elif groups and delta["tail_wrong"] == groups:
-        out["all_correct_streak"], out["all_wrong_streak"] = 0, total["all_wrong_streak"] + groups
-    else:
-        out["all_correct_streak"], out["all_wrong_streak"] = int(delta["tail_correct"]), int(delta["tail_wrong"])
-    out["last_step"] = int(step)
-    return out
-
-
-def _chunks(items: list, size: int = _PROMPT_KEYS_PER_QUERY):
-    for k in range(0, len(items), size):
-        yield items[k:k + size]
-
-
-def _by_domain(keys: set[tuple[str, str]]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for domain, task_id in sorted(keys):
-        out.setdefault(domain, []).append(task_id)
-    return out
-
-
-def _stale_prompts(conn: Any, run_id: str, step: int) -> set[tuple[str, str]]:
-    """Prompts with rows at ``step`` or later: a step being re-recorded, or a crashed run's tail."""
-    query = select(PromptStepRow.domain, PromptStepRow.task_id).where(
-        PromptStepRow.run_id == run_id, PromptStepRow.step >= step).distinct()
-    return {(d, t) for d, t in conn.execute(query)}
-
-
-def _stored_prompt_totals(conn: Any, run_id: str, keys: set[tuple[str, str]]) -> dict[tuple[str, str], dict]:
-    t = PromptStatRow.__table__
-    found: dict[tuple[str, str], dict] = {}
-    for domain, ids in _by_domain(keys).items():
-        for chunk in _chunks(ids):
-            query = select(t).where(t.c.run_id == run_id, t.c.domain == domain, t.c.task_id.in_(chunk))
-            for row in conn.execute(query).mappings():
-                found[(row["domain"], row["task_id"])] = {k: v for k, v in row.items() if k != "run_id"}
-    return found
-
-
-def _fold_deltas(totals: dict[tuple[str, str], dict], rows: list[dict]) -> dict[tuple[str, str], dict]:
-    for row in rows:
-        key = (row["domain"], row["task_id"])
-        totals[key] = fold_prompt_delta(totals.get(key) or empty_prompt_total(*key), row, row["step"])
-    return totals
-
-
-def _prompt_totals_from_steps(conn: Any, run_id: str, keys: set[tuple[str, str]]) -> dict[tuple[str, str], dict]:
-    """Totals of ``keys`` recomputed from every stored step (the slow, always-correct path)."""
-    t = PromptStepRow.__table__
-    rows: list[dict] = []
-    for domain, ids in _by_domain(keys).items():
-        for chunk in _chunks(ids):
-            query = select(t).where(t.c.run_id == run_id, t.c.domain == domain, t.c.task_id.in_(chunk))
-            rows.extend(dict(r) for r in conn.execute(query).mappings())
-    rows.sort(key=lambda r: r["step"])
-    return _fold_deltas({}, rows)  # a prompt whose every step went drops out of prompt_stats
-
-
-def _replace_prompt_totals(conn: Any, run_id: str, keys: set[tuple[str, str]], totals: dict) -> None:
-    # delete then insert (the portable upsert); the caller inserts ``totals`` in the same transaction
-    for domain, ids in _by_domain(keys).items():
-        for chunk in _chunks(ids):
-            conn.execute(delete(PromptStatRow).where(PromptStatRow.run_id == run_id,
-                                                     PromptStatRow.domain == domain,
-                                                     PromptStatRow.task_id.in_(chunk)))
 
 
 def _one_element(value: Any) -> bool:

@@ -23,6 +23,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
+    from curriculum.store import default_store_url
     from trainer.integrations.trl import TRLCurriculum
     from trainer.models import load_tokenizer
     from trainer.tiny_model import build_tiny_model
@@ -37,7 +38,7 @@ def main() -> None:
         shuffle_dataset=False,  # the curriculum decides what comes next; TRL must not reorder it
         use_cpu=True, bf16=False, report_to="none", save_strategy="no", disable_tqdm=True,
     )
-    url = f"sqlite:///{out / 'palestra.db'}"
+    url = default_store_url(out)
     with TRLCurriculum.build(DOMAINS, args, policy={"type": "learnability"}, difficulty={"type": "threshold"},
                              store_url=url, verifier_workers=opts.workers) as curriculum:
         trainer = GRPOTrainer(

@@ -210,3 +210,17 @@ def test_a_run_is_stored_without_the_password_in_its_store_url(tmp_path):
         at_sign = store.start_run("demo", {"store": {"url": "postgresql://me:p@ss@db/runs"}}, seed=1)
         assert store.run(at_sign)["config"]["store"]["url"] == "postgresql://***@db/runs"
         assert config["store"]["url"].endswith("secret@db:5432/runs")  # the caller's config is left as it was
+
+
+def test_the_default_store_url_is_an_absolute_sqlite_file_in_the_folder(tmp_path, monkeypatch):
+    from curriculum.store import default_store_url
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    expected = f"sqlite:///{(tmp_path / 'real').resolve() / 'palestra.db'}"
+    assert default_store_url("link") == default_store_url(tmp_path / "real") == expected
+    assert not (tmp_path / "out").exists() and default_store_url("out").endswith("/out/palestra.db")  # creates nothing
+    with StatsStore(default_store_url("real")) as store:
+        assert store.run(store.start_run("demo", {}, seed=0))["name"] == "demo"
+    assert (tmp_path / "real" / "palestra.db").is_file()

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from curriculum.config import fill_run_defaults
 from curriculum.sim.config import SimAppConfig, SimConfigError, validate_sim_config
-from curriculum.store import SchemaVersionError, StoreUnavailable
+from curriculum.store import SchemaVersionError, StoreUnavailable, default_store_url
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
@@ -39,7 +39,7 @@ def run(config: SimAppConfig) -> dict:
     from curriculum.sim.runner import run_sim
     from curriculum.store import StatsStore
 
-    url = config.store.url or f"sqlite:///{Path(config.output_dir).resolve() / 'palestra.db'}"
+    url = config.store.url or default_store_url(config.output_dir)
     with StatsStore(url) as store:
         result = run_sim(config, store)
     return {"run_id": result.run_id, "sweep_id": config.sweep_id, "policy": config.policy.type,

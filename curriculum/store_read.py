@@ -1,0 +1,179 @@
+"""The read side of the stats store: every query ``StatsStore`` answers, as the mixin ``StoreReads``.
+
+``StatsStore`` (``curriculum.store``) opens the database, checks its schema and writes; these
+methods only read, through ``self.reader`` (the engine with ``read_only=True``: SQLite reads take
+no write lock). Damaged compressed blobs read as None rather than stopping a replay or a report.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from typing import TYPE_CHECKING, Iterable
+
+from sqlalchemy import func, select
+
+from curriculum.schema import (
+    MetricRow,
+    PlanRow,
+    PlanVectorRow,
+    PromptStatRow,
+    PromptStepRow,
+    ResultRow,
+    RunRow,
+    StepStatRow,
+    TaskRow,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+
+def _decompress(blob: bytes | None) -> str:
+    return zlib.decompress(blob).decode("utf-8") if blob else ""
+
+
+# Readers of completions and tasks get None for a damaged blob, so one bad row does not stop a
+# replay or a report over thousands of good ones.
+def _text_or_none(blob: bytes | None) -> str | None:
+    try:
+        return _decompress(blob)
+    except (zlib.error, UnicodeDecodeError):
+        return None
+
+
+def _json_or_none(blob: bytes | None) -> dict | None:
+    text = _text_or_none(blob)
+    try:
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class StoreReads:
+    """The queries of ``StatsStore``; the class that mixes this in sets ``reader`` and ``safe_url``."""
+
+    reader: "Engine"
+    safe_url: str
+
+    # -- runs ---------------------------------------------------------------------------------
+    def runs(self) -> list[dict]:
+        cols = (RunRow.id, RunRow.name, RunRow.sweep_id, RunRow.status, RunRow.seed,
+                RunRow.last_step, RunRow.started_at)
+        with self.reader.connect() as conn:
+            rows = conn.execute(select(*cols).order_by(RunRow.started_at, RunRow.id)).mappings().all()
+        return [dict(r) for r in rows]
+
+    def run(self, run_id: str) -> dict:
+        with self.reader.connect() as conn:
+            row = conn.execute(select(RunRow.__table__).where(RunRow.id == run_id)).mappings().first()
+        if row is None:
+            raise KeyError(f"no run {run_id!r} in {self.safe_url!r}")
+        return dict(row)
+
+    # -- results and step statistics ------------------------------------------------------------
+    def tasks(self, run_id: str, ids: Iterable[str] | None = None) -> dict[str, dict | None]:
+        """Stored tasks by id, as Task JSON; None for one stored damaged."""
+        query = select(TaskRow.task_id, TaskRow.task).where(TaskRow.run_id == run_id)
+        if ids is not None:
+            query = query.where(TaskRow.task_id.in_(list(ids)))
+        with self.reader.connect() as conn:
+            return {i: _json_or_none(blob) for i, blob in conn.execute(query)}
+
+    def results(self, run_id: str, step: int | None = None) -> list[dict]:
+        """Result rows in step order, the completion as text (None where it is stored damaged)."""
+        query = select(ResultRow.__table__).where(ResultRow.run_id == run_id)
+        if step is not None:
+            query = query.where(ResultRow.step == step)
+        with self.reader.connect() as conn:
+            rows = conn.execute(query.order_by(ResultRow.step, ResultRow.id)).mappings().all()
+        return [{**r, "completion": _text_or_none(r["completion"])} for r in rows]
+
+    def count_results(self, run_id: str) -> int:
+        with self.reader.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(ResultRow)
+                                    .where(ResultRow.run_id == run_id)).scalar())
+
+    def step_stats(self, run_id: str) -> list[dict]:
+        table = StepStatRow.__table__
+        query = select(table).where(table.c.run_id == run_id)
+        with self.reader.connect() as conn:
+            rows = conn.execute(query.order_by(table.c.step, table.c.domain, table.c.level)).mappings().all()
+        return [dict(r) for r in rows]
+
+    def plans(self, run_id: str) -> list[dict]:
+        table = PlanRow.__table__
+        query = select(table).where(table.c.run_id == run_id)
+        with self.reader.connect() as conn:
+            rows = conn.execute(query.order_by(table.c.step, table.c.domain)).mappings().all()
+        return [dict(r) for r in rows]
+
+    def plan_vectors(self, run_id: str) -> list[dict]:
+        """Every step's full plan: {step, domains, weights, levels} (lists in domain order)."""
+        table = PlanVectorRow.__table__
+        query = select(table).where(table.c.run_id == run_id).order_by(table.c.step)
+        with self.reader.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings().all()]
+
+    def metrics(self, run_id: str) -> list[dict]:
+        query = select(MetricRow.step, MetricRow.values).where(MetricRow.run_id == run_id)
+        with self.reader.connect() as conn:
+            rows = conn.execute(query.order_by(MetricRow.step)).all()
+        return [{"step": step, **values} for step, values in rows]
+
+    def domain_summary(self, run_id: str) -> list[dict]:
+        """Per domain: attempts, successes, success_rate, and the latest planned weight and level."""
+        totals = (select(StepStatRow.domain, func.sum(StepStatRow.attempts).label("attempts"),
+                         func.sum(StepStatRow.successes).label("successes"))
+                  .where(StepStatRow.run_id == run_id).group_by(StepStatRow.domain))
+        last_step = select(func.max(PlanVectorRow.step)).where(PlanVectorRow.run_id == run_id).scalar_subquery()
+        latest = select(PlanVectorRow.domains, PlanVectorRow.weights, PlanVectorRow.levels).where(
+            PlanVectorRow.run_id == run_id, PlanVectorRow.step == last_step)
+        with self.reader.connect() as conn:
+            counts = {d: (int(a), int(s)) for d, a, s in conn.execute(totals)}
+            vectors = conn.execute(latest).first()
+        plans = {d: (float(w), int(lv)) for d, w, lv in zip(*vectors)} if vectors else {}
+        summary = []
+        for domain in sorted(set(counts) | set(plans)):
+            attempts, successes = counts.get(domain, (0, 0))
+            weight, level = plans.get(domain, (None, None))
+            summary.append(dict(domain=domain, attempts=attempts, successes=successes,
+                                success_rate=successes / attempts if attempts else None,
+                                weight=weight, level=level))
+        return summary
+
+    # -- per-prompt statistics (PromptSelector) -------------------------------------------------
+    def prompt_stats(self, run_id: str, domain: str | None = None) -> list[dict]:
+        """Per prompt totals of a run (optionally of one domain), ordered by domain and task id."""
+        t = PromptStatRow.__table__
+        query = select(t).where(t.c.run_id == run_id)
+        if domain is not None:
+            query = query.where(t.c.domain == domain)
+        with self.reader.connect() as conn:
+            return [dict(r) for r in conn.execute(query.order_by(t.c.domain, t.c.task_id)).mappings()]
+
+    def prompt_steps(self, run_id: str, until_step: int | None = None) -> list[dict]:
+        """Per step, per prompt deltas of a run (up to ``until_step``), in step order."""
+        t = PromptStepRow.__table__
+        query = select(t).where(t.c.run_id == run_id)
+        if until_step is not None:
+            query = query.where(t.c.step <= until_step)
+        with self.reader.connect() as conn:
+            return [dict(r) for r in conn.execute(query.order_by(t.c.step, t.c.task_id)).mappings()]
+
+    # -- sweeps ------------------------------------------------------------------------------
+    def sweep_runs(self, sweep_id: str) -> list[dict]:
+        """The runs recorded under ``sweep_id``, configs included, oldest first."""
+        query = (select(RunRow.__table__).where(RunRow.sweep_id == sweep_id)
+                 .order_by(RunRow.started_at, RunRow.id))
+        with self.reader.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings().all()]
+
+    def step_totals(self, run_id: str) -> list[dict]:
+        """Per step: attempts, successes, groups and zero-variance groups summed over domains."""
+        t = StepStatRow
+        query = (select(t.step, func.sum(t.attempts).label("attempts"), func.sum(t.successes).label("successes"),
+                        func.sum(t.groups).label("groups"), func.sum(t.zero_var_groups).label("zero_var_groups"))
+                 .where(t.run_id == run_id).group_by(t.step).order_by(t.step))
+        with self.reader.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings().all()]
