@@ -13,6 +13,7 @@ import numpy as np
 
 from curriculum.difficulty import LevelTable
 from curriculum.signals import StepCounts
+from curriculum.types import spread_is_zero
 
 if TYPE_CHECKING:
     from curriculum.types import Outcome
@@ -41,7 +42,7 @@ def cell_counts(outcomes: "list[Outcome]", table: LevelTable) -> CellCounts:
     group_cell = cell[first]  # a group belongs to the cell of its first completion
     count = lambda idx, w=None: np.bincount(idx, weights=w, minlength=n_cells).astype(float)  # noqa: E731
     return CellCounts(count(cell), count(cell, correct), count(cell, reward), count(cell, abs_adv),
-                      count(group_cell, (lo == hi).astype(float)), count(group_cell))
+                      count(group_cell, spread_is_zero(lo, hi).astype(float)), count(group_cell))
 
 
 def cell_of(table: LevelTable, o: "Outcome") -> int:

@@ -27,19 +27,15 @@ from dataclasses import fields
 
 import numpy as np
 
+from curriculum.cells import CellCounts, cell_counts, stat_rows
 from curriculum.config import DifficultyConfig, PolicyConfig, build_difficulty, build_policy
 from curriculum.difficulty import LevelTable
 from curriculum.signals import Signals, StepCounts
 from curriculum.schema import is_in_memory_sqlite
 from curriculum.store import StatsStore
-from curriculum.types import Outcome, Plan, spread_is_zero
+from curriculum.types import Outcome, Plan
 
 STATE_VERSION = 1
-
-
-# One step's sums per (domain, level) cell are the same six arrays as Signals' per-domain sums,
-# only [n_cells] long (in LevelTable order) instead of [D]: one record type serves both.
-CellCounts = StepCounts
 
 
 class Scheduler:
@@ -141,42 +137,10 @@ class Scheduler:
 
     def aggregate(self, outcomes: list[Outcome]) -> CellCounts:
         """Per-cell sums of one step's outcomes; a group is the outcomes sharing ``group``."""
-        n_cells, n = self.table.n_cells, len(outcomes)
-        if n == 0:
-            return StepCounts.zeros(n_cells)
-        cell = np.fromiter((self._cell_of(o) for o in outcomes), np.int64, n)
-        reward = np.fromiter((o.reward for o in outcomes), float, n)
-        correct = np.fromiter((o.correct for o in outcomes), float, n)
-        abs_adv = np.abs(np.fromiter((o.advantage for o in outcomes), float, n))
-        group = np.fromiter((o.group for o in outcomes), np.int64, n)
-        _, first, member = np.unique(group, return_index=True, return_inverse=True)
-        lo = np.full(len(first), np.inf)
-        hi = np.full(len(first), -np.inf)
-        np.minimum.at(lo, member, reward)
-        np.maximum.at(hi, member, reward)
-        group_cell = cell[first]  # a group belongs to the cell of its first completion
-        count = lambda idx, w=None: np.bincount(idx, weights=w, minlength=n_cells).astype(float)  # noqa: E731
-        return CellCounts(count(cell), count(cell, correct), count(cell, reward), count(cell, abs_adv),
-                          count(group_cell, spread_is_zero(lo, hi).astype(float)), count(group_cell))
-
-    def _cell_of(self, o: Outcome) -> int:
-        try:
-            return self.table.cell[(o.domain, int(o.level))]
-        except KeyError:
-            raise ValueError(f"outcome for unknown domain/level ({o.domain!r}, {o.level}); "
-                             f"the scheduler knows {self.domains[:5]}{'...' if len(self.domains) > 5 else ''}") from None
+        return cell_counts(outcomes, self.table)
 
     def _stat_rows(self, cells: CellCounts) -> list[dict]:
-        rows = []
-        for c in np.nonzero(cells.attempts)[0]:
-            d = self.table.domain_of[c]
-            attempts = int(cells.attempts[c])
-            rows.append(dict(domain=self.domains[d], level=int(self.table.values[c]), attempts=attempts,
-                             successes=int(cells.successes[c]), reward_sum=float(cells.reward_sum[c]),
-                             abs_adv_sum=float(cells.abs_adv_sum[c]),
-                             mean_abs_adv=float(cells.abs_adv_sum[c]) / attempts,
-                             zero_var_groups=int(cells.zero_var_groups[c]), groups=int(cells.groups[c])))
-        return rows
+        return stat_rows(cells, self.table)
 
     def _apply(self, step: int, cells: CellCounts, weights: np.ndarray, given: np.ndarray) -> None:
         """Everything ``record`` learns from a step; ``rebuild_from_store`` replays exactly this."""

@@ -22,7 +22,7 @@ import torch
 from curriculum.config import check_against_domains
 from curriculum.curriculum import Curriculum, domain_levels
 from curriculum.scheduler import StepWriteFailed
-from curriculum.store import StatsStore, StoreUnavailable, without_password
+from curriculum.store import StatsStore, StoreUnavailable, default_store_url, without_password
 from domains.api import Task, one_line
 from domains.verify.backend import make_pool
 from domains.verify.pool import Pool, VerifierPoolBroken
@@ -79,7 +79,7 @@ class GRPORecipe:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if self.world.is_main:  # rank 0 alone records: one store connection, one run row; opened
             # before any model is built, so a store that cannot be used fails before that work
-            self.store = StatsStore(cfg.store.url or f"sqlite:///{(self.output_dir / 'palestra.db').resolve()}")
+            self.store = StatsStore(cfg.store.url or default_store_url(self.output_dir))
         self.device = self.world.place(pick_device(cfg.model.device))
         if self.device.type == "cpu":
             torch.set_num_threads(self._sampling_threads())

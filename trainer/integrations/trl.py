@@ -56,7 +56,7 @@ from transformers import TrainerCallback
 from curriculum.config import CurriculumConfig, DifficultyConfig, PolicyConfig, describe_error
 from curriculum.curriculum import Curriculum
 from curriculum.steps import Group
-from curriculum.store import StatsStore
+from curriculum.store import StatsStore, default_store_url
 from curriculum.types import Plan, rewards_agree
 from domains.api import FAILURE_STATUSES, Domain, Task
 from domains.verify.backend import VerifierConfig, make_pool
@@ -398,9 +398,9 @@ def _verifier_config(verifier: VerifierConfig | dict | None, workers: int | None
 
 
 def _default_store_url(output_dir: str | None) -> str:
-    folder = Path(output_dir or ".").resolve()
+    folder = Path(output_dir or ".")
     folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{folder / 'palestra.db'}"
+    return default_store_url(folder)
 
 
 def _trl_settings(args: Any) -> dict:
