@@ -1,4 +1,4 @@
-"""Typed configuration of the curriculum: mixing policy, difficulty, prompt selection, store (DESIGN §7).
+"""Typed configuration of the curriculum: mixing policy, difficulty, prompt selection, store (docs/configuration.md).
 
 Hydra composes ``conf/policy/<type>.yaml``, ``conf/difficulty/<type>.yaml``,
 ``conf/selection/<mode>.yaml`` and ``conf/store/*.yaml`` under the keys ``policy``, ``difficulty``,

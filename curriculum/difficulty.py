@@ -1,4 +1,4 @@
-"""Difficulty controllers: which level of each domain to draw from (DESIGN §3, §4).
+"""Difficulty controllers: which level of each domain to draw from (docs/configuration.md).
 
 A controller holds one current level per domain, as an index into that domain's ordered levels,
 and updates all domains at once with numpy. The scheduler hands it one step's per-(domain, level)

@@ -1,4 +1,4 @@
-"""PromptSelector: which of a domain's candidate prompts go into the batch (DESIGN §3, §4).
+"""PromptSelector: which of a domain's candidate prompts go into the batch (docs/configuration.md: `selection`).
 
 For dataset-backed domains, where the same prompts come back epoch after epoch, the trainer draws
 ``candidates(n)`` prompts for a (domain, level) slot and keeps the ``n`` that ``choose`` returns.

@@ -9,7 +9,7 @@ Quantities (NaN where a domain has no attempts in the window):
 - ``attempts``, ``successes``, ``groups`` — totals since the start of the run;
 - ``success`` — windowed success rate (successes / attempts over the last ``window`` steps);
 - ``ema_success`` — exponential moving average of each step's success rate (steps with attempts);
-- ``mean_abs_adv`` — windowed mean |advantage| (a learnability signal, see DESIGN §4);
+- ``mean_abs_adv`` — windowed mean |advantage| (a learnability signal);
 - ``zero_var_share`` — windowed share of groups whose rewards all agree;
 - ``success_slope`` / ``reward_slope`` — least-squares slope, per step, of the per-step success
   rate / mean reward over the steps in the window where the domain had attempts.

@@ -27,7 +27,7 @@ def test_group_advantages_batch_std_and_none():
 
 
 def test_mean_abs_advantage_identity():
-    # DESIGN §4: with 0/1 rewards and k of G correct (p = k/G), mean |A| = 2 sqrt(p(1-p)).
+    # With 0/1 rewards and k of G correct (p = k/G), mean |A| = 2 sqrt(p(1-p)).
     # k=2, G=8 (p=.25): centred values 0.75 and -0.25, std sqrt(.1875) = .4330 -> |A| = 1.732, 0.577;
     # mean |A| = (2 * 1.732 + 6 * 0.577) / 8 = 0.866 = 2 sqrt(p(1-p)).
     rewards = torch.tensor([[1.0, 1.0, 0, 0, 0, 0, 0, 0]])

@@ -32,7 +32,7 @@ CASES = [
     (r"\boxed{-\frac{3}{4}}", "-3/4", OK),
     (r"\boxed{-0.75}", "-3/4", OK),
     (r"\boxed{2/4}", "1/2", OK),  # equal value; only require_simplified rejects it
-    (r"\boxed{1+1}", "2", OK),  # a restated expression is correct by default (DESIGN §5)
+    (r"\boxed{1+1}", "2", OK),  # a restated expression is correct by default
     (r"\boxed{x=3}", "3", OK),  # an assignment counts as its value
     (r"\boxed{\{1,2\}}", r"\{1,2\}", OK),
     (r"\boxed{\{2,1\}}", r"\{1,2\}", OK),  # sets ignore order

@@ -1,4 +1,4 @@
-"""Mixing policies: per-domain signals in, mixture weights over domains out (DESIGN §4).
+"""Mixing policies: per-domain signals in, mixture weights over domains out (docs/policy-workbench.md).
 
 Build one from a validated config with ``curriculum.config.build_policy``; the registry below maps
 each config ``type`` to its class.

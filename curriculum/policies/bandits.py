@@ -2,7 +2,7 @@
 
 Each treats a domain as an arm. The reward of an arm is a learnability signal — the mean
 |advantage| of its completions (with 0/1 rewards and std-normalised groups this is 2·sqrt(p(1−p)),
-zero for all-correct or all-wrong groups, DESIGN §4) — or, for TSCL, the success trend.
+zero for all-correct or all-wrong groups; tests/test_losses.py checks it) — or, for TSCL, the success trend.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ class SecPolicy(MixingPolicy):
 class ThompsonPolicy(MixingPolicy):
     """Thompson sampling on utility u_d = (1 + normalised reward slope_d)·mean|A|_d.
 
-    Source: the PAC-style Thompson mixer (Alibaba, 2026; DESIGN §4), which beat DUMP, SEC and
+    Source: the PAC-style Thompson mixer (Alibaba, 2026), which beat DUMP, SEC and
     random on math + code + logic. Each arm keeps a Gaussian posterior (mean, variance) updated
     by a Kalman step with observation noise ``obs_var`` whenever the arm has completions; an arm
     that is not observed has its variance inflated by ``inflation`` per step (up to

@@ -36,7 +36,7 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 
 class DatasetConfig(MathConfig):
     path: str | None = None  # required before the domain can sample
-    name: str | None = None  # the domain's name in the run (two files: two named instances, README)
+    name: str | None = None  # the domain's name in the run (two files: two named instances, docs/domains.md)
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     reference_field: str | None = None  # a worked solution for the SFT warm start, when the file has one
