@@ -11,7 +11,7 @@
    rank's share of the cores — against one thread, as before: the verifiers are idle by then.
 5. Sampling (as in 1) on two threads, the main job's setting — against one, as before.
 6. The update (as in 4) when every other group agrees on its reward (the main job sees 51-57%
-   such groups), leaving their rows out (``trainer.skip_zero_advantage``) — against training on
+   such groups), leaving their rows out (``trainer.loss.skip_zero_advantage``) — against training on
    every row, as before.
 
 Rounds alternate the two sides so that load from anything else on the machine hits both alike.

@@ -299,7 +299,7 @@ _ABSENT = object()  # a setting one of two configs lacks (added by an upgrade, s
 
 def changed_settings(before: dict[str, Any], after: dict[str, Any], prefix: str = "") -> list[str]:
     """``key: old -> new`` for every setting that differs between two dumped configs, nested keys
-    dotted (``trainer.mu: 1 -> 2``). A resumed run goes on under the settings it is launched with,
+    dotted (``trainer.optim.mu: 1 -> 2``). A resumed run goes on under the settings it is launched with,
     which need not be the ones it started with; this says which ones moved."""
     changes = []
     for key in sorted((before.keys() | after.keys()) - (LAUNCH_KEYS if not prefix else set())):
