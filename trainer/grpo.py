@@ -36,7 +36,8 @@ from trainer.losses import group_advantages
 from trainer.metrics import MetricsLogger
 from trainer.models import check_model_source, check_resumable, load_model, load_policy, model_path, pick_device
 from trainer.rollout import Sampler, generate
-from trainer.runtime import StopOnSignal, library_versions, resume_hint, seed_everything, within_share
+from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, resume_hint, seed_everything,
+                             within_share)
 from trainer.schedule import apply_settings, lr_factor
 from trainer.sft import warm_start, warm_start_counts
 from trainer.update import PolicyUpdate, SFTBlend, blend_for_rank
@@ -82,7 +83,7 @@ class GRPORecipe:
             self.store = StatsStore(cfg.store.url or default_store_url(self.output_dir))
         self.device = self.world.place(pick_device(cfg.model.device))
         if self.device.type == "cpu":
-            torch.set_num_threads(self._sampling_threads())
+            torch.set_num_threads(within_share(cfg.trainer.system.cpu_threads))
         self._build_models()
         self.pool = make_pool(self.domains, cfg.verifier)
         self.collector = RolloutCollector(self.model, self.tokenizer, self.domains, self.pool, cfg.trainer,
@@ -276,21 +277,8 @@ class GRPORecipe:
         self.pool.raise_if_broken()  # a pool whose workers cannot start ends the run now, not after SFT
         self.logger.log(step, metrics, phase="sft")
 
-    @contextlib.contextmanager
     def _cpu_threads(self, threads: int | None):
-        """Torch's CPU threads set to ``threads`` for a phase (None: this rank's share of the cores),
-        then back to the sampling count."""
-        if self.device.type != "cpu":
-            yield
-            return
-        torch.set_num_threads(within_share(threads))
-        try:
-            yield
-        finally:
-            torch.set_num_threads(self._sampling_threads())
-
-    def _sampling_threads(self) -> int:
-        return within_share(self.cfg.trainer.system.cpu_threads)
+        return phase_threads(self.device, threads, back_to=self.cfg.trainer.system.cpu_threads)
 
     def _sampler(self) -> Sampler:
         """The trainer's own sampler, or the vLLM engine once it holds the current weights."""
@@ -302,9 +290,7 @@ class GRPORecipe:
         return self.engine
 
     def _autocast(self):
-        if self.device.type == "cuda" and self.cfg.model.dtype in ("auto", "bfloat16"):
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.device, self.cfg.model.dtype)
 
     def summary(self) -> dict[str, Any]:
         return {"run_id": self.run_id, **self.heldout.summary()}

@@ -2,10 +2,12 @@
 the library versions a run is stored with, and how to tell the user to go on after a stop."""
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import threading
 from pathlib import Path
+from typing import ContextManager, Iterator
 
 import numpy as np
 import torch
@@ -24,6 +26,27 @@ def within_share(threads: int | None) -> int:
     ranks (or a rank and its verifier workers) that oversubscribe them spin-wait on each other."""
     share = distributed.core_share()
     return share if threads is None else min(threads, share)
+
+
+@contextlib.contextmanager
+def phase_threads(device: torch.device, threads: int | None, back_to: int | None) -> Iterator[None]:
+    """Torch's CPU threads set to ``threads`` for a phase (None: this rank's share of the cores),
+    then back to ``back_to`` (the sampling count)."""
+    if device.type != "cpu":
+        yield
+        return
+    torch.set_num_threads(within_share(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(within_share(back_to))
+
+
+def autocast(device: torch.device, dtype: str) -> ContextManager:
+    """bf16 autocast on CUDA (unless the model's dtype says float32); full precision on the CPU."""
+    if device.type == "cuda" and dtype in ("auto", "bfloat16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def resume_hint(path: Path | None) -> str:
