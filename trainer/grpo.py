@@ -90,9 +90,8 @@ class GRPORecipe:
                                           seed=cfg.seed, world=self.world, device=self.device,
                                           sampler=self._sampler, autocast=self._autocast)
         state = self._resume(latest) if latest is not None else None
-        if state is None and self.world.is_main:
-            self.run_id = self.store.start_run(cfg.name, self._run_config(), cfg.seed, sweep_id=cfg.sweep_id)
         self.curriculum = distributed.SharedCurriculum(self.world, self._curriculum(state))
+        self.run_id = self.curriculum.inner.run_id if self.world.is_main else self.run_id
         self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.system.table_every)
                        if self.world.is_main else distributed.QuietLogger())
         self.update.alarm = self.logger.write
@@ -128,7 +127,7 @@ class GRPORecipe:
                         write_behind=True,  # the database write overlaps training
                         heldout_ids={t.id for t in self.heldout.tasks})
         if state is None:
-            return Curriculum(store=self.store, run_id=self.run_id, **settings)
+            return Curriculum.start(self.store, cfg.name, self._run_config(), sweep_id=cfg.sweep_id, **settings)
         return Curriculum.reopen(self.store, self.run_id, state, **settings)
 
     def _run_config(self) -> dict[str, Any]:

@@ -147,6 +147,11 @@ def resolve_once(job: Job, verdict: Verdict) -> None:
         job.future.set_result(verdict)
 
 
+def timed_out(job: Job, started: float, now: float) -> Verdict:
+    """The verdict of a call that ran past its deadline (its worker is replaced)."""
+    return Verdict(VerifyResult.failure(Status.TIMEOUT, f"verifier exceeded {job.timeout_s:g}s"), now - started)
+
+
 class Pool(ABC):
     """The one verifier-pool contract, which the local ``VerifierPool`` and the Ray pool
     (``domains.verify.ray_pool.RayVerifierPool``) implement and the trainer and curriculum type against.
@@ -336,9 +341,7 @@ class VerifierPool(Pool):
                 job = worker.job
                 self.timeouts += 1
                 self._replace(i)
-                resolve_once(job, Verdict(
-                    VerifyResult.failure(Status.TIMEOUT, f"verifier exceeded {job.timeout_s:g}s"), now - worker.started
-                ))
+                resolve_once(job, timed_out(job, worker.started, now))
 
     def _replace(self, index: int) -> None:
         self._workers[index].kill()

@@ -44,8 +44,9 @@ import ray
 import ray.cloudpickle
 from ray.exceptions import RayActorError
 
-from domains.api import Domain, Status, Task, VerifyResult
-from domains.verify.pool import Job, Pool, Verdict, VerifierBackendUnavailable, resolve_once, verify_guarded, warm_up
+from domains.api import Domain, Task, VerifyResult
+from domains.verify.pool import (Job, Pool, Verdict, VerifierBackendUnavailable, resolve_once, timed_out, verify_guarded,
+                                 warm_up)
 
 log = logging.getLogger(__name__)
 
@@ -258,9 +259,7 @@ class RayVerifierPool(Pool):
                 job = actor.job
                 self.timeouts += 1
                 self._replace(actor)
-                resolve_once(job, Verdict(
-                    VerifyResult.failure(Status.TIMEOUT, f"verifier exceeded {job.timeout_s:g}s"), now - actor.started
-                ))
+                resolve_once(job, timed_out(job, actor.started, now))
 
     def _check_someone_is_up(self) -> None:
         now = time.monotonic()
