@@ -3,7 +3,7 @@
     python bench/sim.py [--steps 2000] [--skip-huge]
 
 Runs ``hundreds`` (200 domains, 64 prompts x 8 completions a step) for ``--steps`` steps four ways,
-all through the production ``Scheduler.record`` (512 Outcomes a step): with the SQLite store as the
+all through the production ``Curriculum.record_outcomes`` (512 Outcomes a step): with the SQLite store as the
 simulator uses it by default (one transaction a step: aggregates, plan, metrics), the same plus one
 ``results`` row per completion (``store_results``), that with ``write_behind=True``, and without a
 store — then ``huge`` (1,000 domains, 2,048 completions a step) with the default store. It prints

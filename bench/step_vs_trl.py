@@ -34,10 +34,14 @@ def palestra_recipe(workdir: Path):
     config = validate_config({
         "name": "bench", "seed": 0, "output_dir": str(workdir / "palestra"),
         "domains": ["arithmetic"], "policy": {"type": "uniform"}, "difficulty": {"type": "fixed"},
-        "trainer": {"steps": 10_000, "prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": NEW_TOKENS,
-                    "beta": BETA, "mu": 1, "lr": 1e-5, "rollout_batch_size": PROMPTS * GROUP,
-                    "micro_batch_size": PROMPTS * GROUP},
-        "verifier": {"workers": 1}, "sft": {"steps": 0}, "eval": {"tasks_per_level": 1},
+        # the step TRL takes too: one pass, no refills, no blend, T = 1, every row trained, a constant rate
+        "trainer": {"steps": 10_000, "prompts_per_step": PROMPTS, "group_size": GROUP,
+                    "sampling": {"max_new_tokens": NEW_TOKENS, "rollout_batch_size": PROMPTS * GROUP,
+                                 "temperature": 1.0, "dynamic_sampling": False},
+                    "loss": {"beta": BETA, "sft_coef": 0.0, "skip_zero_advantage": False},
+                    "optim": {"mu": 1, "lr": 1e-5, "lr_decay": "constant", "micro_batch_size": PROMPTS * GROUP},
+                    "system": {"cpu_threads": 1}},
+        "verifier": {"workers": 1}, "sft": {"steps": 0}, "eval": {"tasks_per_level": 1}, "checkpoint": {"every": 0},
     })
     recipe = GRPORecipe(config)
     recipe.setup()

@@ -33,6 +33,15 @@ def domain_levels(domains: Mapping[str, Domain]) -> dict[str, tuple[int, ...]]:
     return {name: tuple(d.levels) for name, d in domains.items()}
 
 
+def mark_run(store: StatsStore, run_id: str, status: str) -> None:
+    """Mark a run finished, failed or interrupted; a store that cannot take it gets a warning, not
+    an error (an unreachable store was already reported, and that report must not be masked)."""
+    try:
+        store.finish_run(run_id, status)
+    except Exception as exc:
+        print(f"warning: could not mark run {run_id} {status}: {one_line(exc, 200)}")
+
+
 class Curriculum:
     """Plans, draws and records one run. ``domains`` are the loaded plugins (the simulator, which
     draws no tasks, gives ``levels`` alone); ``store`` and ``run_id`` are optional — without them
@@ -61,7 +70,11 @@ class Curriculum:
               **settings: Any) -> "Curriculum":
         """A new run in ``store``, stored with ``config``."""
         run_id = store.start_run(name, config, seed, sweep_id=sweep_id)
-        return cls(store=store, run_id=run_id, seed=seed, **settings)
+        try:
+            return cls(store=store, run_id=run_id, seed=seed, **settings)
+        except BaseException:  # a run row that says "running" forever would be a lie
+            mark_run(store, run_id, "failed")
+            raise
 
     @classmethod
     def reopen(cls, store: StatsStore, run_id: str, state: dict, **settings: Any) -> "Curriculum":
@@ -85,10 +98,7 @@ class Curriculum:
         except StepWriteFailed as exc:
             status, failure = "failed", exc
         if self.store is not None and self.run_id is not None:
-            try:
-                self.store.finish_run(self.run_id, status)
-            except Exception as exc:  # an unreachable store was already reported; never mask that
-                print(f"warning: could not mark run {self.run_id} {status}: {one_line(exc, 200)}")
+            mark_run(self.store, self.run_id, status)
         if failure is not None:
             raise failure
 

@@ -176,8 +176,10 @@ def test_changed_settings_names_nested_keys_and_leaves_out_where_a_launch_writes
 
 # -- one source of defaults, and the trainer's groups ---------------------------------------------------
 # Where a config built in Python may differ from the main job's: where it writes (Hydra stamps the
-# folder) and the two sections the schema makes the user choose.
-INTENDED_DIFFERENCES = {"output_dir", "policy", "difficulty"}
+# folder), the two sections the schema makes the user choose, and the candidates per slot, which
+# nothing reads without a selection rule: conf/'s `none` keeps the 1 runs were stored with (so a
+# resume of one reports no change), the schema the 4 that a rule turned on in Python needs.
+INTENDED_DIFFERENCES = {"output_dir", "policy", "difficulty", "selection.candidates_factor"}
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict:
@@ -198,7 +200,8 @@ def test_the_schema_defaults_are_the_main_job():
     main_job = _leaves(_compose([]).model_dump(mode="json"))
     schema = _leaves(PalestraConfig(policy={"type": "learnability"}, difficulty={"type": "threshold"}).model_dump(mode="json"))
     differing = sorted(k for k in main_job.keys() | schema.keys()
-                       if k.split(".")[0] not in INTENDED_DIFFERENCES and main_job.get(k, "absent") != schema.get(k, "absent"))
+                       if k.split(".")[0] not in INTENDED_DIFFERENCES and k not in INTENDED_DIFFERENCES
+                       and main_job.get(k, "absent") != schema.get(k, "absent"))
     assert differing == [], [(k, schema.get(k, "absent"), main_job.get(k, "absent")) for k in differing]
 
 
@@ -219,8 +222,22 @@ def test_old_flat_trainer_keys_are_accepted_with_a_one_line_note(capsys):
     assert notes == ["note: trainer.log_every is read by nothing and is ignored; drop it",
                      "note: trainer.lr is now trainer.optim.lr; the flat key is accepted for a while",
                      "note: trainer.mu is now trainer.optim.mu; the flat key is accepted for a while"]
-    assert regroup_overrides(["trainer.temperature=0.5", "trainer.steps=3", "seed=1"]) == [
-        "trainer.sampling.temperature=0.5", "trainer.steps=3", "seed=1"]
+    assert regroup_overrides(["trainer.temperature=0.5", "trainer.steps=3", "seed=1", "~trainer.mu",
+                              "++trainer.lr=1", "trainer.log_every=5"]) == [
+        "trainer.sampling.temperature=0.5", "trainer.steps=3", "seed=1", "~trainer.optim.mu", "++trainer.optim.lr=1"]
+    assert "note: trainer.log_every is read by nothing and is ignored; drop it" in capsys.readouterr().err
+
+
+def test_a_grouped_key_typed_on_the_command_line_wins_over_a_flat_key_from_a_conf_file():
+    from trainer.config import OptimConfig, TrainerConfig, drop_shadowed_flat_keys
+
+    from_file = {"trainer": {"mu": 1, "lr": 3e-4, "optim": {"mu": 2, "lr": 1e-4}}}  # an old conf file over conf/
+    kept = drop_shadowed_flat_keys(from_file, ["trainer.optim.mu=3", "seed=1"])
+    assert kept["trainer"] == {"lr": 3e-4, "optim": {"mu": 2, "lr": 1e-4}}
+    kept["trainer"]["optim"]["mu"] = 3  # as Hydra composed it
+    optim = TrainerConfig.model_validate(kept["trainer"]).optim
+    assert (optim.mu, optim.lr) == (3, 3e-4)  # the typed key; the file's flat lr over conf/'s default
+    assert TrainerConfig(lr=2e-4, optim=OptimConfig(mu=1)).optim.lr == 2e-4  # flat and grouped together, in Python
 
 
 def test_a_run_stored_with_flat_trainer_keys_resumes_without_reporting_them_changed():

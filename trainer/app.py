@@ -20,7 +20,8 @@ from curriculum.store import SchemaVersionError, StoreUnavailable
 from domains.verify.pool import VerifierBackendUnavailable, VerifierPoolBroken
 from trainer.vllm_engine import VLLMUnavailable
 from domains.registry import DomainError
-from trainer.config import ConfigError, PalestraConfig, check_override_keys, regroup_overrides, validate_config
+from trainer.config import (ConfigError, PalestraConfig, check_override_keys, drop_shadowed_flat_keys, regroup_overrides,
+                            validate_config)
 
 log = logging.getLogger("palestra")
 
@@ -30,6 +31,7 @@ def to_config(cfg: DictConfig, hydra_cfg: Any | None = None) -> PalestraConfig:
     multirun, the runs share a sweep id and, by default, one store in the sweep folder."""
     raw: Any = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     raw.pop("hydra", None)
+    raw = drop_shadowed_flat_keys(raw, list(hydra_cfg.overrides.task) if hydra_cfg is not None else [])
     return validate_config(fill_run_defaults(raw, hydra_cfg, default_name="palestra"))
 
 

@@ -143,12 +143,33 @@ class TrainerConfig(Strict):
 
 def regroup_trainer(section: dict[str, Any]) -> dict[str, Any]:
     """A trainer section with its flat keys (``lr``) moved into their groups (``optim.lr``) and the
-    retired ones dropped: how a config stored before the groups reads now."""
-    grouped = {k: (dict(v) if k in TRAINER_GROUPS and isinstance(v, dict) else v)
+    retired ones dropped: how a config stored before the groups reads now. A flat key overrides
+    the value its group has (conf/'s defaults name every grouped key, so an old conf file's
+    ``trainer: {mu: 1}`` must win over them); ``drop_shadowed_flat_keys`` lets an explicit group
+    key on the command line win over a flat one."""
+    grouped = {k: (_as_dict(v) if k in TRAINER_GROUPS else v)
                for k, v in section.items() if k not in FLAT_KEYS and k not in RETIRED_KEYS}
-    for key in section.keys() & FLAT_KEYS.keys():  # a flat key overrides its group's default (conf/ has them all)
+    for key in section.keys() & FLAT_KEYS.keys():
         grouped.setdefault(FLAT_KEYS[key], {})[key] = section[key]
     return grouped
+
+
+def _as_dict(group: Any) -> Any:
+    return group.model_dump() if isinstance(group, BaseModel) else dict(group) if isinstance(group, dict) else group
+
+
+def drop_shadowed_flat_keys(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``raw`` without the flat trainer keys (from a conf file) whose grouped key the command line
+    sets: what the user typed last wins, as it did before the groups."""
+    trainer = raw.get("trainer")
+    if not isinstance(trainer, dict):
+        return raw
+    typed = set()
+    for arg in overrides:
+        parts = arg.split("=", 1)[0].lstrip("+~").split(".")
+        if len(parts) == 3 and parts[0] == "trainer" and parts[1] in TRAINER_GROUPS:
+            typed.add(parts[2])
+    return {**raw, "trainer": {k: v for k, v in trainer.items() if not (k in FLAT_KEYS and k in typed)}}
 
 
 def as_stored_now(config: dict[str, Any]) -> dict[str, Any]:
@@ -165,10 +186,13 @@ def regroup_overrides(args: list[str]) -> list[str]:
     out = []
     for arg in args:
         key, sep, value = arg.partition("=")
-        parts = key.split(".")
-        if sep and len(parts) == 2 and parts[0] == "trainer" and parts[1] in FLAT_KEYS:
+        prefix = key[:len(key) - len(key.lstrip("+~"))]  # +, ++ or ~ stay as they were
+        parts = key[len(prefix):].split(".")
+        if len(parts) == 2 and parts[0] == "trainer" and parts[1] in FLAT_KEYS.keys() | RETIRED_KEYS:
             print(f"note: {_flat_key_note(parts[1])}", file=sys.stderr)
-            arg = f"trainer.{FLAT_KEYS[parts[1]]}.{parts[1]}={value}"
+            if parts[1] in RETIRED_KEYS:
+                continue
+            arg = f"{prefix}trainer.{FLAT_KEYS[parts[1]]}.{parts[1]}{sep}{value}"
         out.append(arg)
     return out
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from curriculum.config import check_against_domains
-from curriculum.curriculum import Curriculum, domain_levels
+from curriculum.curriculum import Curriculum, domain_levels, mark_run
 from curriculum.scheduler import StepWriteFailed
 from curriculum.store import StatsStore, StoreUnavailable, default_store_url, without_password
 from domains.api import Task, one_line
@@ -84,8 +84,11 @@ class GRPORecipe:
         self.device = self.world.place(pick_device(cfg.model.device))
         if self.device.type == "cpu":
             torch.set_num_threads(within_share(cfg.trainer.system.cpu_threads))
-        self._build_models()
+        path = self._build_models()
         self.pool = make_pool(self.domains, cfg.verifier)
+        self.engine = (VLLMEngine(path, gpu_memory_utilization=cfg.trainer.sampling.vllm_gpu_memory_utilization,
+                                  seed=cfg.seed) if cfg.trainer.sampling.rollout_backend == "vllm" else None)
+        self._engine_stale = False  # the engine holds the weights it loaded until the policy changes
         self.collector = RolloutCollector(self.model, self.tokenizer, self.domains, self.pool, cfg.trainer,
                                           seed=cfg.seed, world=self.world, device=self.device,
                                           sampler=self._sampler, autocast=self._autocast)
@@ -99,9 +102,9 @@ class GRPORecipe:
             self.logger.write(f"resuming run {self.run_id} at step {self.start_step} with settings changed since it "
                               f"started: {'; '.join(self.resumed_changes)}")
 
-    def _build_models(self) -> None:
+    def _build_models(self) -> str:
         """The policy (rank 0 builds the tiny model's folder; the other ranks then read it), the KL
-        anchor, the optimizer and its schedule, and the vLLM engine when rollouts use one."""
+        anchor, the optimizer and its schedule; returns the policy's folder."""
         cfg, t = self.cfg, self.cfg.trainer
         path = self.world.main_first(lambda: model_path(cfg.model, self.output_dir, cfg.seed))
         self.tokenizer, self.model = load_policy(path, cfg.model, self.device)
@@ -113,9 +116,7 @@ class GRPORecipe:
             self.optimizer, lambda s: lr_factor(s, t.optim.warmup_steps, t.steps, t.optim.lr_decay))
         self.update = PolicyUpdate(self.model, self.optimizer, self.lr_schedule, t, ref_model=self.ref_model,
                                    world=self.world, autocast=self._autocast)
-        self.engine = (VLLMEngine(path, gpu_memory_utilization=t.sampling.vllm_gpu_memory_utilization, seed=cfg.seed)
-                       if t.sampling.rollout_backend == "vllm" else None)
-        self._engine_stale = False  # the engine holds the weights it loaded until the policy changes
+        return path
 
     def _curriculum(self, state: dict | None) -> Curriculum | None:
         """Rank 0's curriculum: the run's plans, draws and every store write (the others hold none)."""
@@ -325,11 +326,8 @@ class GRPORecipe:
         if self.curriculum is not None and self.curriculum.inner is not None:
             with contextlib.suppress(StepWriteFailed):  # already reported, and carried by the checkpoint
                 self.curriculum.inner.finish(status)
-        elif self.store is not None and self.run_id is not None:  # setup failed before the curriculum
-            try:
-                self.store.finish_run(self.run_id, status)
-            except Exception as exc:  # an unreachable store was already reported; never mask that
-                print(f"warning: could not mark run {self.run_id} {status}: {one_line(exc, 200)}")
+        elif self.store is not None and self.run_id is not None:  # a resume failed before its curriculum
+            mark_run(self.store, self.run_id, status)
         if self.logger is not None:
             self.logger.close()
         distributed.shutdown()

@@ -11,7 +11,7 @@ not enter the task id. Every random draw goes through the ``rng`` passed to
 ``sample``, so a seed fixes the tasks exactly.
 
 Held-out sets come from ``Domain.heldout``, and the trainer never draws a held-out task for SFT or
-GRPO (``trainer/tasks.py``). At low levels the problem space is small (level 1 of arithmetic has 100
+GRPO (``curriculum/tasks.py``). At low levels the problem space is small (level 1 of arithmetic has 100
 problems), so held-out success there measures whether the model generalises to sums it has never
 seen, not recall. With answer-only references a tiny model scored near 1.0 on the training problems
 of a level and 0.5 on its held-out ones; the worked solutions are there to close that gap.
