@@ -67,10 +67,21 @@ def domain_metrics(groups: Sequence[Group]) -> dict[str, dict[str, float]]:
     return {name: _one_domain(found) for name, found in by_domain.items()}
 
 
+def format_error_examples(groups: Sequence[Group]) -> dict[str, str]:
+    """Per domain, the first completion of the step the verifier called a format error."""
+    examples: dict[str, str] = {}
+    for group in groups:
+        for text, verdict in zip(group.texts, group.verdicts):
+            if verdict.result.status == Status.FORMAT_ERROR:
+                examples.setdefault(group.task.domain, text)
+    return examples
+
+
 def _one_domain(groups: list[Group]) -> dict[str, float]:
     results = [(g.task.level, v.result) for g in groups for v in g.verdicts]
     statuses = Counter(r.status for _, r in results)
     stats = {
+        "completions": len(results),
         "reward": float(np.mean([r.reward for _, r in results])),
         "success": float(np.mean([r.correct for _, r in results])),
         "zero_var": float(np.mean([bool(rewards_agree(g.rewards)) for g in groups])),

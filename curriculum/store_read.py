@@ -121,6 +121,20 @@ class StoreReads:
             rows = conn.execute(query.order_by(MetricRow.step)).all()
         return [{"step": step, **values} for step, values in rows]
 
+    def verdict_counts(self, run_id: str) -> dict[str, dict[str, int]]:
+        """Per domain, the stored completions by verdict: ``correct``, and the others by status
+        (an ``ok`` that is not correct earned partial credit). A run stored without its
+        per-completion rows (the simulator's default) has none."""
+        query = (select(ResultRow.domain, ResultRow.status, ResultRow.correct, func.count())
+                 .where(ResultRow.run_id == run_id)
+                 .group_by(ResultRow.domain, ResultRow.status, ResultRow.correct))
+        counts: dict[str, dict[str, int]] = {}
+        with self.reader.connect() as conn:
+            for domain, status, correct, n in conn.execute(query):
+                key = "correct" if correct else status
+                counts.setdefault(domain, {})[key] = counts.get(domain, {}).get(key, 0) + int(n)
+        return counts
+
     def domain_summary(self, run_id: str) -> list[dict]:
         """Per domain: attempts, successes, success_rate, and the latest planned weight and level."""
         totals = (select(StepStatRow.domain, func.sum(StepStatRow.attempts).label("attempts"),

@@ -48,6 +48,29 @@ def test_stats_per_domain(store_url, capsys):
     assert all(r["weight"] == pytest.approx(0.5) and r["level"] == 1 for r in rows.values())
 
 
+def test_stats_shows_each_domains_verdicts_by_status(tmp_path, capsys):
+    """A model that never writes the asked-for format shows as format errors, not as plain failures."""
+    url = f"sqlite:///{tmp_path / 'verdicts.db'}"
+    with StatsStore(url) as store:
+        run_id = store.start_run("verdicts", {}, seed=0)
+        scheduler = Scheduler({"arithmetic": (1,)}, parse_policy({"type": "uniform"}),
+                              parse_difficulty({"type": "fixed"}), prompts_per_step=1, store=store, run_id=run_id)
+        verdicts = [(1.0, True, "ok"), (0.5, False, "ok"), (0.0, False, "wrong"), (0.0, False, "format_error"),
+                    (0.0, False, "format_error"), (0.0, False, "error")]
+        scheduler.plan(1)
+        scheduler.record(1, [Outcome(domain="arithmetic", level=1, task_id="t", group=0, reward=r, correct=c, status=s)
+                             for r, c, s in verdicts], {"domain/arithmetic/unscored": 1})
+    assert main(["stats", "--db", url, "--run", run_id, "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["domains"]
+    assert {k: row[k] for k in ("correct", "partial", "wrong", "format_error", "timeout", "error",
+                                "sandbox_violation", "unscored")} == {
+        "correct": 1, "partial": 1, "wrong": 1, "format_error": 2, "timeout": 0, "error": 1,
+        "sandbox_violation": 0, "unscored": 1}
+    assert main(["stats", "--db", url, "--run", run_id]) == 0
+    header = capsys.readouterr().out.splitlines()[1]
+    assert "format_error" in header and "unscored" in header
+
+
 def test_stats_unknown_run_is_a_clear_error(store_url, capsys):
     url, _ = store_url
     assert main(["stats", "--db", url, "--run", "nope"]) == 2

@@ -102,3 +102,26 @@ def test_a_domain_whose_verifier_cannot_judge_is_named_once():
     resumed.load_state_dict(torch.load(_saved(monitor.state_dict()), weights_only=False))
     assert resumed.after_step({**step, "step": 5}) == []  # said before the checkpoint: not again after a resume
     assert monitor.after_step({"step": 5, "domain/arithmetic/unscored": 1}) != []
+
+
+def _formats(domain: str, errors: int, completions: int) -> dict:
+    return {"loss": 0.0, f"domain/{domain}/completions": completions, f"domain/{domain}/format_errors": errors}
+
+
+def test_a_domain_whose_completions_are_nearly_all_format_errors_is_named_once_with_a_quote():
+    monitor = HealthMonitor(HealthConfig(format_window=4))
+    chat = {"arithmetic": "The Fibonacci sequence is a series of numbers in which each number is the sum"}
+    assert monitor.after_step({**_formats("arithmetic", 19, 20), **_formats("fractions", 10, 20)}, chat) == [
+        "19 of the 20 completions of arithmetic over its last 1 steps were format errors (the verifier found no "
+        "answer where it reads one), e.g. 'The Fibonacci sequence is a series of numbers in which each number is "
+        "the sum': does the prompt ask for the format its verifier reads?"]
+    assert monitor.after_step(_formats("arithmetic", 20, 20), chat) == []  # said once
+    for _ in range(3):  # fractions: half of them, then all, but the window still holds the half
+        assert monitor.after_step(_formats("fractions", 20, 20)) == []
+    state = monitor.state_dict()
+    resumed = HealthMonitor(HealthConfig(format_window=4))
+    resumed.load_state_dict(state)
+    [alarm] = resumed.after_step(_formats("fractions", 20, 20))  # the half left the window of 4
+    assert alarm.startswith("80 of the 80 completions of fractions over its last 4 steps")
+    assert resumed.after_step(_formats("arithmetic", 20, 20)) == []  # said before the resume
+    assert HealthMonitor(HealthConfig(format_error_share=None)).after_step(_formats("arithmetic", 20, 20)) == []

@@ -62,3 +62,15 @@ def test_one_definition_of_a_group_whose_rewards_all_agree():
     assert rewards_agree(rewards).tolist() == [True, True, False]
     batch = _batch([[1.0, 1.0], [0.0, 1.0]])
     assert batch.zero_variance().tolist() == [True, False]
+
+
+def test_the_first_format_error_of_each_domain_is_kept_to_quote():
+    from curriculum.steps import format_error_examples
+
+    batch = _batch([[1.0, 0.0], [0.0, 0.0]])
+    batch.verdicts[1] = Verdict(VerifyResult.failure(Status.FORMAT_ERROR, "no boxed answer"), 0.0)
+    batch.verdicts[3] = Verdict(VerifyResult.failure(Status.FORMAT_ERROR, "no boxed answer"), 0.0)
+    groups = StepRollouts(batch=None, generated=[batch], kept=[]).groups(torch.zeros(0, G))
+    assert format_error_examples(groups) == {"arithmetic": "text1"}
+    stats = domain_metrics(groups)["arithmetic"]
+    assert (stats["completions"], stats["format_errors"]) == (4, 2)

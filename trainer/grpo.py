@@ -22,6 +22,7 @@ import torch
 from curriculum.config import check_against_domains
 from curriculum.curriculum import Curriculum, domain_levels, mark_run
 from curriculum.scheduler import StepWriteFailed
+from curriculum.steps import format_error_examples
 from curriculum.store import StatsStore, StoreUnavailable, default_store_url, without_password
 from domains.api import Task, one_line
 from domains.verify.backend import make_pool
@@ -227,11 +228,11 @@ class GRPORecipe:
         self._engine_stale = True
         timer["train"] = time.perf_counter() - start
         start = time.perf_counter()
-        metrics = self.curriculum.record(step, rollouts.groups(advantages),
-                                         step_report.step_metrics(step, rollouts, update, timer))
+        groups = rollouts.groups(advantages)
+        metrics = self.curriculum.record(step, groups, step_report.step_metrics(step, rollouts, update, timer))
         metrics["time/record"] = time.perf_counter() - start
         self.logger.log(step, metrics)
-        self._alarm(step, self.health.after_step(metrics))
+        self._alarm(step, self.health.after_step(metrics, format_error_examples(groups)))
         return metrics
 
     def _blend(self, step: int, tasks: list[Task]) -> SFTBlend | None:

@@ -6,7 +6,10 @@
 - KL to the reference or the policy's entropy leaving configured bounds (collapse or blow-up);
 - a non-finite loss (the update is skipped by the recipe; the alarm says so);
 - a domain whose verifier could not judge some completions (a missing code sandbox, a verifier
-  that raises), which then train as failures: said once per domain, at the first such step.
+  that raises), which then train as failures: said once per domain, at the first such step;
+- a domain whose completions are nearly all format errors over the last steps (a model that never
+  writes the answer the way the verifier reads it — a pretrained chat model given prompts it does
+  not follow, say): said once per domain, quoting one completion.
 Alarms are logged (``alarm/*`` metrics and a console line); they never stop the run.
 """
 from __future__ import annotations
@@ -25,6 +28,9 @@ class HealthConfig(StrictModel):
     entropy_max: float | None = Field(None, gt=0)
     reward_window: int = Field(20, ge=2)  # steps of training reward compared between evaluations
     heldout_drop_max: float | None = Field(0.1, gt=0)  # held-out macro this far below its best: alarm
+    # a domain with at least this share of format errors over its last format_window steps: alarm
+    format_error_share: float | None = Field(0.95, gt=0, le=1)
+    format_window: int = Field(20, ge=1)
 
 
 class HealthMonitor:
@@ -35,10 +41,15 @@ class HealthMonitor:
         self.last_eval: tuple[float, float | None] | None = None
         self.best_macro: float | None = None
         self.unjudged_domains: set[str] = set()  # said once each: a missing sandbox would say it every step
+        # per domain, (format errors, completions) of its last format_window steps; said once each
+        self.format_counts: dict[str, deque[tuple[int, int]]] = {}
+        self.format_domains: set[str] = set()
 
     def state_dict(self) -> dict:
         return {"rewards": list(self.rewards), "last_eval": self.last_eval, "best_macro": self.best_macro,
-                "unjudged_domains": sorted(self.unjudged_domains)}
+                "unjudged_domains": sorted(self.unjudged_domains),
+                "format_counts": {d: list(window) for d, window in self.format_counts.items()},
+                "format_domains": sorted(self.format_domains)}
 
     def load_state_dict(self, state: dict) -> None:
         """What a checkpoint saved; the alarms then compare with evaluations from before the resume."""
@@ -46,12 +57,16 @@ class HealthMonitor:
         self.last_eval = tuple(state["last_eval"]) if state["last_eval"] is not None else None
         self.best_macro = state["best_macro"]
         self.unjudged_domains = set(state.get("unjudged_domains", []))  # absent from older checkpoints
+        self.format_counts = {d: deque(map(tuple, window), maxlen=self.cfg.format_window)
+                              for d, window in state.get("format_counts", {}).items()}
+        self.format_domains = set(state.get("format_domains", []))
 
     def forget_evaluations(self) -> None:
         """The held-out tasks changed: earlier evaluations are no yardstick for later ones."""
         self.last_eval, self.best_macro = None, None
 
-    def after_step(self, metrics: dict) -> list[str]:
+    def after_step(self, metrics: dict, format_examples: dict[str, str] | None = None) -> list[str]:
+        """The step's alarms; ``format_examples`` holds one format-error completion per domain, to quote."""
         alarms = []
         loss = metrics.get("loss", 0.0)
         if not math.isfinite(loss) or not math.isfinite(metrics.get("grad_norm", 0.0)):
@@ -70,8 +85,27 @@ class HealthMonitor:
                 self.unjudged_domains.add(domain)
                 alarms.append(f"the verifier of {domain} could not judge {count} completions of step "
                               f"{metrics.get('step', '?')}; they count as failures (palestra verify says why)")
+        alarms += self._format_alarms(metrics, format_examples or {})
         if math.isfinite(metrics.get("reward/mean", float("nan"))):
             self.rewards.append(metrics["reward/mean"])
+        return alarms
+
+    def _format_alarms(self, metrics: dict, examples: dict[str, str]) -> list[str]:
+        alarms = []
+        for key, completions in sorted(metrics.items()):
+            domain = key.removeprefix("domain/").removesuffix("/completions")
+            if key != f"domain/{domain}/completions" or not completions:
+                continue
+            window = self.format_counts.setdefault(domain, deque(maxlen=self.cfg.format_window))
+            window.append((int(metrics.get(f"domain/{domain}/format_errors", 0)), int(completions)))
+            errors, total = (sum(column) for column in zip(*window))
+            bound = self.cfg.format_error_share
+            if bound is not None and errors >= bound * total and domain not in self.format_domains:
+                self.format_domains.add(domain)
+                quote = " ".join(examples.get(domain, "").split())[:120]
+                alarms.append(f"{errors} of the {total} completions of {domain} over its last {len(window)} steps were "
+                              f"format errors (the verifier found no answer where it reads one), e.g. {quote!r}: "
+                              "does the prompt ask for the format its verifier reads?")
         return alarms
 
     def after_eval(self, heldout_macro: float) -> list[str]:
