@@ -138,3 +138,24 @@ def test_sampling_is_reproducible_with_a_generator(tiny):
     runs = [generate(model, _prompts(tok), max_new_tokens=6, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                      generator=torch.Generator().manual_seed(9)).completion_ids for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_sampling_stops_at_every_end_token_the_generation_config_names(tiny):
+    """An instruct model may end its turn with a token other than its tokenizer's end-of-text one
+    (SmolLM2's <|im_end|>): generation stops at each end token the model's generation config names."""
+    from trainer.models import end_token_ids
+
+    model, tok = tiny
+    other_end = tok.convert_tokens_to_ids("x")
+    digits = tok("12", add_special_tokens=False)["input_ids"]
+    scripted = Scripted([digits + [other_end] + digits * 5], len(tok))
+    scripted.generation_config = SimpleNamespace(eos_token_id=[tok.eos_token_id, other_end])
+    ends = end_token_ids(scripted, tok)
+    assert ends == (tok.eos_token_id, other_end)
+    rollout = generate(scripted, [[1, 2]], max_new_tokens=10, eos_id=ends, pad_id=tok.pad_token_id, temperature=0.0)
+    assert not rollout.truncated[0] and int(rollout.completion_mask[0].sum()) == len(digits) + 1  # the end counts
+    assert rollout.completion_ids[0] == digits  # and is not part of the text
+    only_its_own = generate(Scripted([digits + [other_end] + digits * 5], len(tok)), [[1, 2]], max_new_tokens=10,
+                            eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=0.0)
+    assert only_its_own.truncated[0]  # the tokenizer's end token alone would not have stopped it
+    assert end_token_ids(model, tok) == (tok.eos_token_id,)  # the tiny model names one: the same as before

@@ -9,7 +9,7 @@ from domains.registry import load_all
 from domains.tools.calls import CLOSE as TOOL_CALL_END
 from trainer.episodes import run_episodes, tool_message_tokens, transcript_tokens
 from trainer.models import encode_prompt, load_model, load_tokenizer
-from trainer.rollout import assemble, left_pad
+from trainer.rollout import as_ids, assemble, left_pad
 from trainer.sft import reference_pairs, supervised_loss
 from trainer.tiny_model import build_tiny_model
 
@@ -79,7 +79,7 @@ def _scripted_sampler(tokenizer, scripts: dict[tuple[int, ...], list[str]]):
             key = next(k for k in scripts if tuple(tokens[:len(k)]) == k)
             turn = played.get(key, 0)
             played[key] = turn + 1
-            ids = tokenizer(scripts[key][turn], add_special_tokens=False)["input_ids"] + [eos_id]
+            ids = tokenizer(scripts[key][turn], add_special_tokens=False)["input_ids"] + [as_ids(eos_id)[0]]
             rows.append(ids[:max_new_tokens])
             lengths.append(len(rows[-1]))
             ended.append(len(ids) <= max_new_tokens)

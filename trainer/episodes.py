@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from domains.api import Domain, Task
-from trainer.models import encode_prompt
+from trainer.models import encode_prompt, end_token_ids
 from trainer.rollout import Rollout, Sampler, assemble, generate, left_pad, stop_text
 
 
@@ -59,7 +59,7 @@ def run_episodes(
                 for t in tasks]
     envs = [domains[t.domain].environment(t) for t in tasks]
     stop = stop_text(tokenizer, end) if end else None
-    eos = tokenizer.eos_token_id
+    eos = end_token_ids(model, tokenizer)
     while True:
         live = [i for i, e in enumerate(episodes) if not e.done]
         if not live:
@@ -71,11 +71,12 @@ def run_episodes(
                         generator=generator, stop=stop)
         lengths = turn.completion_mask.sum(dim=1).tolist()
         for row, i in enumerate(live):
-            _advance(episodes[i], envs[i], turn, row, lengths[row], tokenizer, max_total_tokens)
+            _advance(episodes[i], envs[i], turn, row, lengths[row], tokenizer, max_total_tokens, eos)
     return _to_rollout(episodes, tokenizer.pad_token_id), [json.dumps(e.messages) for e in episodes]
 
 
-def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, max_total_tokens: int) -> None:
+def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, max_total_tokens: int,
+             ends: tuple[int, ...]) -> None:
     room = max_total_tokens - len(ep.tokens)
     over = length > room  # the turn ran past this episode's own token budget: cut it there
     chosen = turn.completion_tokens[row, :min(length, room)].tolist()
@@ -92,7 +93,7 @@ def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, 
         ep.done = True
         return
     ep.messages.append({"role": "tool", "content": result.observation})
-    if chosen and chosen[-1] != tokenizer.eos_token_id:
+    if chosen and chosen[-1] not in ends:
         # the turn stopped at the closing tag: close it as the template would, then the tool speaks
         ep.tokens.append(tokenizer.eos_token_id)
         ep.policy_mask.append(0)
@@ -134,7 +135,7 @@ def sample_rows(
                             max_total_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
                             generator=generator, sampler=sampler)
     rollout = sampler(model, [encode_prompt(tokenizer, t.prompt) for t in rows], max_new_tokens=budget,
-                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=temperature,
+                       eos_id=end_token_ids(model, tokenizer), pad_id=tokenizer.pad_token_id, temperature=temperature,
                        top_p=top_p, generator=generator)
     return rollout, tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=False)
 

@@ -113,6 +113,15 @@ def avoid_per_shape_attention_plans() -> None:
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+def end_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """Every token that ends a completion, the tokenizer's own first: an instruct model's generation
+    config may name more (an end-of-turn token beside the end-of-text one), and sampling must stop
+    at each of them, as ``model.generate`` does."""
+    named = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    found = [tokenizer.eos_token_id, *(named if isinstance(named, (list, tuple)) else [named])]
+    return tuple(dict.fromkeys(int(i) for i in found if i is not None))
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
     """Chat messages -> token ids, by default ending where the assistant starts to speak."""
     if tokenizer.chat_template:

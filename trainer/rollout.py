@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -115,15 +115,17 @@ def generate(
     prompts: list[list[int]],
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     stop: StopText | None = None,
 ) -> Rollout:
-    """Sample until EOS, the ``stop`` text (e.g. a closing tool-call tag) or the budget."""
+    """Sample until an end token (``eos_id``: one, or all a model's generation config names), the
+    ``stop`` text (e.g. a closing tool-call tag) or the budget."""
     device = next(model.parameters()).device
+    end_ids = torch.tensor(as_ids(eos_id), device=device)
     ids, prompt_mask = left_pad(prompts, pad_id)
     ids, prompt_mask = ids.to(device), prompt_mask.to(device)
     mask = prompt_mask
@@ -139,7 +141,7 @@ def generate(
         token = sample_next(logits, temperature, top_p, generator)
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         generated.append(token)
-        ends = token == eos_id
+        ends = torch.isin(token, end_ids)
         if stop is not None:
             ends |= stop.hits(generated, ~finished)
         newly = ends & ~finished
@@ -161,15 +163,21 @@ def _cache_keyword(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def as_ids(eos_id: int | Sequence[int]) -> tuple[int, ...]:
+    """End tokens given as one id or several."""
+    return (int(eos_id),) if isinstance(eos_id, int) else tuple(int(i) for i in eos_id)
+
+
 def assemble(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion: torch.Tensor, lengths: torch.Tensor,
-             ended: torch.Tensor, eos_id: int) -> Rollout:
+             ended: torch.Tensor, eos_id: int | Sequence[int]) -> Rollout:
     """Package sampled tokens: the first ``lengths[b]`` tokens of row b count (EOS included —
     ending is a choice the policy made); rows that never ``ended`` are truncated."""
+    ends = set(as_ids(eos_id))
     width = completion.shape[1]
     completion_mask = (torch.arange(width, device=completion.device).unsqueeze(0) < lengths.unsqueeze(1)).long()
     attention = torch.cat([prompt_mask, torch.ones_like(completion)], dim=1)
     token_lists = [
-        [tok for tok in row[:n] if tok != eos_id]
+        [tok for tok in row[:n] if tok not in ends]
         for row, n in zip(completion.tolist(), lengths.tolist())
     ]
     return Rollout(

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
-from trainer.rollout import Rollout, StopText, assemble, left_pad
+from trainer.rollout import Rollout, StopText, as_ids, assemble, left_pad
 
 
 class VLLMUnavailable(RuntimeError):
@@ -69,11 +70,11 @@ class VLLMEngine:
 
     @torch.no_grad()
     def __call__(self, model: torch.nn.Module | None, prompts: list[list[int]], *, max_new_tokens: int,
-                 eos_id: int, pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
+                 eos_id: int | Sequence[int], pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
                  generator: torch.Generator | None = None, stop: StopText | None = None,
                  logprobs: bool = False) -> Rollout | tuple[Rollout, list[list[float]]]:
         params = self._sampling_params(
-            n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop_token_ids=[eos_id],
+            n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop_token_ids=list(as_ids(eos_id)),
             stop=[stop.text] if stop else None, include_stop_str_in_output=True,
             skip_special_tokens=False, logprobs=0 if logprobs else None,
         )
@@ -89,15 +90,18 @@ class VLLMEngine:
         return rollout, sampled
 
     @staticmethod
-    def _pad(rows, max_new_tokens: int, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _pad(rows, max_new_tokens: int, eos_id: int | Sequence[int],
+             pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Completions [B, L] padded with ``pad_id``, their lengths (EOS included) and whether they
         ended (EOS or stop sequence) rather than running out of budget."""
+        ends = as_ids(eos_id)
         token_rows, ended = [], []
         for row in rows:
             tokens = list(row.token_ids)[:max_new_tokens]
             stopped = row.finish_reason == "stop"
-            if stopped and not isinstance(row.stop_reason, str) and (not tokens or tokens[-1] != eos_id):
-                tokens.append(eos_id)  # ending is a choice the policy made: the EOS belongs in the loss
+            if stopped and not isinstance(row.stop_reason, str) and (not tokens or tokens[-1] not in ends):
+                # ending is a choice the policy made: the end token it chose belongs in the loss
+                tokens.append(row.stop_reason if row.stop_reason in ends else ends[0])
             token_rows.append(tokens)
             ended.append(stopped)
         width = max(1, max(len(t) for t in token_rows))
