@@ -100,7 +100,12 @@ def test_training_without_a_sandbox_raises_an_alarm_naming_the_code_domain_once(
     run(validate_config(tiny(tmp_path, ["code_functions", "arithmetic"], steps=2, domain_options=options)))
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     alarms = [a for r in records if r["phase"] == "alarm" for a in r["alarms"]]
-    assert len(alarms) == 1 and alarms[0].startswith("the verifier of code_functions could not judge"), alarms
+    unjudged = [a for a in alarms if "could not judge" in a]
+    assert len(unjudged) == 1 and unjudged[0].startswith("the verifier of code_functions could not judge"), alarms
+    # the model, three SFT steps old, boxes no answer: the format alarm names arithmetic, and only it
+    # (the code domain's completions were never judged, so none of them is a format error)
+    assert [a.split(" over ")[0] for a in alarms if a not in unjudged] == [
+        "8 of the 8 completions of arithmetic"], alarms
     train = [r for r in records if r["phase"] == "train"]
     assert all(r["domain/code_functions/unscored"] == r["domain/code_functions/prompts"] * 4 for r in train)
     assert all(r.get("domain/arithmetic/unscored", 0) == 0 for r in train)
