@@ -13,7 +13,7 @@ import random
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -102,6 +102,11 @@ class DomainConfig(StrictModel):
     verify_timeout_s: float = 10.0  # hard deadline enforced by the verifier pool
     # Token budget of one completion (of one assistant turn in tool episodes); None: the trainer's.
     max_new_tokens: int | None = Field(None, gt=0)
+    # How a task is put to the model: "compact", the terse form the built-in tiny model learns
+    # ("3+4="), or "chat", the question in words and the answer format asked for, as one writes to
+    # a pretrained chat model. The trainer sets both from model.prompt_style and model.system_prompt.
+    prompt_style: Literal["compact", "chat"] = "compact"
+    system_prompt: str | None = None  # a system message before every prompt the domain writes
 
 
 class Domain:
@@ -146,6 +151,25 @@ class Domain:
 
     def reference(self, task: Task) -> str | None:
         return None
+
+    def prompt(self, compact: str, chat: str, system: str | None = None) -> Messages:
+        """A task's messages in this domain's prompt style: the ``compact`` text, or the ``chat``
+        one; ``system`` (a tool domain's tool list, say) joins the run's system prompt."""
+        text = chat if self.config.prompt_style == "chat" else compact
+        systems = [s for s in (self.config.system_prompt, system if self.config.prompt_style == "chat" else None) if s]
+        return ([{"role": "system", "content": "\n\n".join(systems)}] if systems else []) + user_prompt(text)
+
+    def restyle(self, messages: Messages, request: str) -> Messages:
+        """A dataset row's own messages in this domain's prompt style: chat adds ``request`` (the
+        answer format the verifier reads) to the last user message unless the text already says
+        it; the run's system prompt goes first when the row brings none."""
+        out = [dict(m) for m in messages]
+        users = [m for m in out if m["role"] == "user"]
+        if self.config.prompt_style == "chat" and users and request not in users[-1]["content"]:
+            users[-1]["content"] = f"{users[-1]['content'].rstrip()}\n\n{request}"
+        if self.config.system_prompt and not any(m["role"] == "system" for m in out):
+            out.insert(0, {"role": "system", "content": self.config.system_prompt})
+        return out
 
     def warm_up(self) -> None:
         """Load what ``verify`` needs (heavy imports, parsers) ahead of the first call. A verifier

@@ -206,15 +206,17 @@ def _options_for(name: str, options: dict[str, dict[str, Any]]) -> tuple[dict[st
     return merged, keys
 
 
-def load_all(names: list[str], options: dict[str, dict[str, Any]] | None = None) -> dict[str, Domain]:
-    """Load several domains (patterns expanded); ``options`` is keyed by domain name or pattern.
-    Duplicates are an error."""
+def load_all(names: list[str], options: dict[str, dict[str, Any]] | None = None,
+             shared: dict[str, Any] | None = None) -> dict[str, Domain]:
+    """Load several domains (patterns expanded); ``options`` is keyed by domain name or pattern,
+    ``shared`` options go to every domain (its own options win). Duplicates are an error."""
     options = options or {}
     loaded: dict[str, Domain] = {}
     used: set[str] = set()
     for name in expand(names):
         domain = _resolve(name)
         merged, keys = _options_for(domain.name, options)
+        merged = {**(shared or {}), **merged}
         used.update(keys)
         # a domain's options may rename it (e.g. a dataset domain), so key by the configured name
         configured = configure(domain, merged or None)

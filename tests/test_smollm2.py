@@ -70,6 +70,7 @@ def test_one_grpo_step_on_the_real_model(tmp_path, cache):
     finally:
         recipe.cleanup()
     assert "loss" in metrics and metrics["domain/arithmetic/completions"] == 4
+    assert recipe.domains["arithmetic"].config.prompt_style == "chat"  # a pretrained model is asked in words
     with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
         [run] = store.runs()
         assert store.count_results(run["id"]) == 4

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig, describe_error
 from domains.config import StrictModel as Strict
+from domains.api import DomainConfig
 from domains.verify.backend import VerifierConfig
 from trainer.health import HealthConfig
 
@@ -32,6 +33,16 @@ class ModelConfig(Strict):
     type: Literal["tiny", "hf", "smollm2"] = "tiny"
     name_or_path: str | None = None  # required for type=hf: a local folder or a hub name
     cache_dir: str | None = None  # smollm2's converted folder goes here; None: $XDG_CACHE_HOME/palestra
+    # How tasks are put to the model (every domain's prompt_style, unless its own options say):
+    # auto is compact for the tiny model, which learns that terse form, and chat for pretrained ones.
+    prompt_style: Literal["auto", "compact", "chat"] = "auto"
+    system_prompt: str | None = None  # a system message before every task's prompt
+
+    def domain_options(self) -> dict[str, Any]:
+        """The prompt options every domain gets (only those that differ from a domain's defaults)."""
+        style = self.prompt_style if self.prompt_style != "auto" else ("compact" if self.type == "tiny" else "chat")
+        return {k: v for k, v in (("prompt_style", style), ("system_prompt", self.system_prompt))
+                if v != DomainConfig.model_fields[k].default}
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: fp32 weights, bf16 autocast on CUDA
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -64,7 +64,7 @@ class GRPORecipe:
         cfg = self.cfg
         self.world = distributed.init()  # one process, or this rank of a torchrun launch
         # Domains first: an unknown or broken plugin fails before anything heavy happens.
-        self.domains = load_all(cfg.domains, cfg.domain_options)
+        self.domains = load_all(cfg.domains, cfg.domain_options, shared=cfg.model.domain_options())
         try:
             check_against_domains(cfg.policy, cfg.difficulty, domain_levels(self.domains))
         except ValueError as exc:

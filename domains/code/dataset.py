@@ -9,6 +9,7 @@ competition/hard 3), else 1.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,14 @@ def load_jsonl(path: str | Path, domain: str) -> list[Task]:
     return tasks
 
 
+# what a chat-style prompt asks for, by test format: the verifier runs the first ```python block
+CODE_REQUESTS = {
+    "humaneval": "Reply with the completed function in a ```python code block.",
+    "call": "Reply with the function in a ```python code block.",
+    "stdio": "Write a program that reads standard input and prints the answer, in a ```python code block.",
+}
+
+
 class CodeDatasetConfig(CodeConfig):
     path: str | None = None  # JSONL file of task rows (HumanEval, APPS-style stdin/stdout or call-based)
 
@@ -123,12 +132,17 @@ class CodeDatasetDomain(TaskListDomain, CodeDomain):
         self._on_configure()
 
     def _on_configure(self) -> None:
-        self.tasks = load_jsonl(self.config.path, self.name) if self.config.path else []
+        self.tasks = [self._styled(t) for t in load_jsonl(self.config.path, self.name)] if self.config.path else []
         self.levels = tuple(sorted({t.level for t in self.tasks})) or (1,)
 
     def task_from_row(self, row: dict[str, Any]) -> Task:
         """One raw dataset row (HumanEval, APPS-style, call-based) as a task of this domain."""
-        return row_to_task(row, self.name, row_level(row))
+        return self._styled(row_to_task(row, self.name, row_level(row)))
+
+    def _styled(self, task: Task) -> Task:
+        """The row's question in this domain's prompt style (chat: the answer format asked for)."""
+        prompt = self.restyle(task.prompt, CODE_REQUESTS[task.payload["format"]])
+        return task if prompt == task.prompt else replace(task, prompt=prompt, id="")
 
     def task_from_json(self, data: dict[str, Any]) -> Task:
         """``palestra verify`` input: a Task's JSON, a raw dataset row, or just the ``task_id`` of a

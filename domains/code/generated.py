@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from typing import Any, Literal
 
-from domains.api import Task, user_prompt
+from domains.api import Task
 from domains.code.verifier import CodeConfig, CodeDomain
 
 Template = tuple[str, str]  # (words after "return", Python expression)
@@ -89,7 +89,13 @@ class _ProceduralCodeDomain(CodeDomain):
         payload = {"format": "call", "entry_point": "f", "cases": cases, "reference": head + expr}
         if self.config.completion == "expression":
             payload.update(reference=expr, prompt_code=head)
-        prompt = user_prompt(f"def f({self.arg}): return {words}")
+        if self.config.completion == "expression":
+            chat = (f"Complete `def f({self.arg}): return` with an expression that gives {words}. "
+                    "Reply with the expression alone.")
+        else:
+            chat = (f"Write a Python function `f({self.arg})` that returns {words}. "
+                    f"Reply with the function in a ```python code block.")
+        prompt = self.prompt(f"def f({self.arg}): return {words}", chat)
         return Task(domain=self.name, level=level, prompt=prompt, payload=payload, meta={"spec": words})
 
     def _telling_args(self, fn, rng: random.Random) -> list[Any]:

@@ -47,6 +47,8 @@ from domains.api import Domain, DomainConfig, Status, Task, VerifyResult
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 BOX_MACROS = ("\\boxed", "\\fbox")
+# what a chat-style math prompt asks for: the verifier reads the last \boxed{} of the answer
+BOX_REQUEST = "Put your final answer in \\boxed{}."
 MAX_HEDGE_CANDIDATES = 8  # more distinct boxes than this is hedging without asking sympy
 DETAIL_CHARS = 200  # answers are stored in the results table; keep the rows small
 

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import Field
 
 from domains.api import Messages, Task, stable_hash, user_prompt
-from domains.math.answer import MathAnswerDomain, MathConfig, extract_final_answer
+from domains.math.answer import BOX_REQUEST, MathAnswerDomain, MathConfig, extract_final_answer
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -249,8 +249,8 @@ class MathDataset(MathAnswerDomain):
 
     def _task(self, row: Row) -> Task:
         meta = {"row_id": row.key, "line": row.line} | ({"solution": row.reference} if row.reference else {})
-        return Task(domain=self.name, level=row.level, prompt=row.prompt, payload={"answer": row.answer},
-                    meta=meta, id=stable_hash(self.name, row.key))
+        return Task(domain=self.name, level=row.level, prompt=self.restyle(row.prompt, BOX_REQUEST),
+                    payload={"answer": row.answer}, meta=meta, id=stable_hash(self.name, row.key))
 
 
 MATH_DATASET = MathDataset()

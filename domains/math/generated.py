@@ -23,8 +23,8 @@ import random
 from fractions import Fraction
 from typing import Callable
 
-from domains.api import Task, user_prompt
-from domains.math.answer import MathAnswerDomain
+from domains.api import Task
+from domains.math.answer import BOX_REQUEST, MathAnswerDomain
 from domains.math.work import column_add, column_subtract, signed_sum, solution
 
 Problem = tuple[str, str, list[str]]  # (prompt text, gold answer, steps of the worked solution)
@@ -57,8 +57,12 @@ class ProceduralMath(MathAnswerDomain):
         return [self._task(level, *generate(rng)) for _ in range(n)]
 
     def _task(self, level: int, prompt: str, answer: str, steps: list[str]) -> Task:
-        return Task(domain=self.name, level=level, prompt=user_prompt(prompt), payload={"answer": answer},
-                    meta={"family": self.family, "solution": solution(steps, answer)})
+        return Task(domain=self.name, level=level, prompt=self.prompt(prompt, self.chat_question(prompt)),
+                    payload={"answer": answer}, meta={"family": self.family, "solution": solution(steps, answer)})
+
+    def chat_question(self, compact: str) -> str:
+        """The problem in words, for prompt_style chat (``compact`` ends in ``=``)."""
+        return f"What is {compact.rstrip('=')}? {BOX_REQUEST}"
 
 
 # -- arithmetic -------------------------------------------------------------------------------------
@@ -178,6 +182,10 @@ class LinearEquations(ProceduralMath):
     name = "linear_equations"
     family = "linear_equations"
 
+    def chat_question(self, compact: str) -> str:
+        equation = compact.removesuffix(", x=")
+        return f"Solve {equation} for x. {BOX_REQUEST}"
+
     def generators(self) -> dict[int, Generator]:
         return {1: _x_plus_b, 2: _x_minus_or_plus, 3: _ax_equals_c, 4: _ax_plus_b, 5: _both_sides}
 
@@ -238,6 +246,10 @@ def _three_fractions(rng: random.Random) -> Problem:
 class Fractions(ProceduralMath):
     name = "fractions"
     family = "fractions"
+
+    def chat_question(self, compact: str) -> str:
+        return (f"What is {compact.rstrip('=')}? Give it as a fraction in lowest terms (or a whole number). "
+                f"{BOX_REQUEST}")
 
     def generators(self) -> dict[int, Generator]:
         return {1: _same_denominator, 2: _small_sum, 3: _sum_or_difference,

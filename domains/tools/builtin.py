@@ -24,17 +24,19 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from domains.api import DomainConfig, Task, user_prompt
-from domains.tools.calls import render_call
+from domains.api import DomainConfig, Task
+from domains.tools.calls import render_call, tools_message
 from domains.tools.environment import ToolConfig, ToolDomain, ToolEnvironment, ToolError, tool
 
 LIMIT = 10**12  # argument bound: keeps every result exact and every call cheap
 INT = {"type": "integer", "minimum": -LIMIT, "maximum": LIMIT}
 
 
-def _task(domain: ToolDomain, level: int, prompt: str, payload: dict[str, Any]) -> Task:
-    return Task(domain=domain.name, level=level, prompt=user_prompt(prompt), payload=payload,
-                meta={"family": domain.name})
+def _task(domain: ToolDomain, level: int, compact: str, chat: str, payload: dict[str, Any],
+          env: type[ToolEnvironment]) -> Task:
+    """A task whose chat-style prompt offers ``env``'s tools in a system message."""
+    prompt = domain.prompt(compact, chat, system=tools_message(env.tools()))
+    return Task(domain=domain.name, level=level, prompt=prompt, payload=payload, meta={"family": domain.name})
 
 
 class ProceduralToolDomain(ToolDomain):
@@ -98,8 +100,10 @@ class Calculator(ProceduralToolDomain):
     def _draw(self, level: int, rng: random.Random) -> Task:
         expression, steps = getattr(self, f"_level{level}")(rng)
         turns, value = _chain(steps)
-        return _task(self, level, f"{self.tools_line}\n{expression}=",
-                     {"reference_turns": turns, "answer": str(value)})
+        chat = (f"Compute {expression} with the tools, one call at a time (they are exact where mental "
+                "arithmetic is not), then give the result in \\boxed{}.")
+        return _task(self, level, f"{self.tools_line}\n{expression}=", chat,
+                     {"reference_turns": turns, "answer": str(value)}, CalculatorEnv)
 
     def _level1(self, rng: random.Random) -> tuple[str, list]:
         a, b = _digits(rng, 3), _digits(rng, 3)
@@ -217,7 +221,11 @@ class KVStore(ProceduralToolDomain):
             want = _edit(rng, have, changes)
         turns = ([] if shown else [render_call("dump")]) + _writes(have, want) + ["done"]
         prompt = f"{self.tools_line}\nhave {_show(have) if shown else '?'}\nwant {_show(want)}"
-        return _task(self, level, prompt, {"store": have, "reference_turns": turns})
+        holds = ("is empty" if not have else f"holds {_show(have)}") if shown else \
+            "holds keys you cannot see (dump() lists them)"
+        chat = (f"A key-value store {holds}. With the tools, make it hold exactly {_show(want)}, "
+                "then reply done.")
+        return _task(self, level, prompt, chat, {"store": have, "reference_turns": turns}, KVStoreEnv)
 
 
 # -- lookup chains ---------------------------------------------------------------------------------
@@ -279,8 +287,13 @@ class Lookup(ProceduralToolDomain):
         turns.append(render_call("get", n=person))
         answer = table[person][field]
         path = ".".join([start] + ["mgr"] * hops + [field])
-        return _task(self, level, f"{self.tools_line}\n{path}=",
-                     {"table": table, "reference_turns": turns + [f"\\boxed{{{answer}}}"], "answer": answer})
+        wanted = "their manager" if field == "mgr" else "their city"
+        chain = f"follow the manager (mgr) {hops} time{'s' * (hops != 1)}, then give " if hops else "give "
+        chat = (f"get(n) looks up person n in a table of people, each with a manager (mgr) and a city. Start "
+                f"from {start}: {chain}{wanted} in \\boxed{{}}.")
+        return _task(self, level, f"{self.tools_line}\n{path}=", chat,
+                     {"table": table, "reference_turns": turns + [f"\\boxed{{{answer}}}"], "answer": answer},
+                     LookupEnv)
 
 
 TOOL_CALCULATOR = Calculator()

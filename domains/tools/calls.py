@@ -141,6 +141,16 @@ def parse_turn(text: str, max_calls: int = 8, max_call_chars: int = MAX_CALL_CHA
     return ParsedTurn([call_from_json(loads_strict(body.strip(), max_call_chars)) for body in bodies], outside)
 
 
+def tools_message(tools: list[dict[str, Any]]) -> str:
+    """A system message that offers ``tools`` (OpenAI-style schemas) in the Hermes format, which
+    Qwen's and Hermes' chat templates write themselves: for a model whose template takes no tools."""
+    listed = "\n".join(json.dumps({"type": "function", "function": t}, ensure_ascii=False) for t in tools)
+    return ("You may call functions to help with the task. Their signatures are within <tools></tools> XML "
+            f"tags:\n<tools>\n{listed}\n</tools>\nFor each call, reply with a JSON object holding the "
+            f"function's name and arguments within {OPEN}{CLOSE} XML tags:\n"
+            f'{OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CLOSE}')
+
+
 def render_call(name: str, **arguments: Any) -> str:
     """A call as the reference transcripts write it: compact JSON, short enough for a tiny model."""
     body = json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"), ensure_ascii=False)

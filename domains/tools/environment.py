@@ -106,9 +106,10 @@ class ToolEnvironment:
         self.last_text = ""  # the final assistant turn, calls removed (where answers are read)
 
     # -- what the model sees ---------------------------------------------------------------------
-    def tools(self) -> list[dict[str, Any]]:
+    @classmethod
+    def tools(cls) -> list[dict[str, Any]]:
         """OpenAI-style schemas (``name``, ``description``, ``parameters``), e.g. for a chat template."""
-        return [copy.deepcopy(method.tool_spec) for method in self._tools.values()]  # callers may edit
+        return [copy.deepcopy(method.tool_spec) for method in cls._tools.values()]  # callers may edit
 
     # -- state ----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -1,0 +1,75 @@
+"""Prompts for chat models: every built-in domain can put its tasks in words, asking for the answer
+format its verifier reads, and its references still score 1; the compact form the tiny model learns
+stays what it was; the style comes from the model's config, a domain's own option winning."""
+import json
+import random
+
+import pytest
+
+from domains.api import DomainConfig
+from domains.code.dataset import CODE_DATASET
+from domains.math.dataset import MATH_DATASET
+from domains.registry import load, load_all
+from trainer.config import ModelConfig
+
+PROCEDURAL = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists",
+              "tool_calculator", "tool_kv_store", "tool_lookup"]
+# what the chat prompt asks for: the thing each verifier reads
+ASKS = {"arithmetic": "\\boxed{}", "linear_equations": "\\boxed{}", "fractions": "\\boxed{}",
+        "code_functions": "```python", "code_lists": "```python", "tool_calculator": "\\boxed{}",
+        "tool_kv_store": "reply done", "tool_lookup": "\\boxed{}"}
+
+
+@pytest.mark.parametrize("name", PROCEDURAL)
+def test_a_chat_prompt_of_every_procedural_domain_asks_for_the_format_and_its_reference_scores(name):
+    compact, chat = load(name), load(name).configure({"prompt_style": "chat", "system_prompt": "Be brief."})
+    for level in compact.levels:
+        plain = compact.sample(level, 3, random.Random(level))
+        worded = chat.sample(level, 3, random.Random(level))
+        for a, b in zip(plain, worded):
+            assert a.payload == b.payload and a.prompt != b.prompt  # the same problem, put in words
+            assert b.prompt[0] == {"role": "system", "content": b.prompt[0]["content"]}
+            assert b.prompt[0]["content"].startswith("Be brief.")
+            assert ASKS[name] in b.prompt[-1]["content"]
+            if name.startswith("tool_"):  # the tools, in the Hermes format, for a template that takes none
+                assert "<tools>" in b.prompt[0]["content"] and "<tool_call>" in b.prompt[0]["content"]
+            result = chat.verify(b, chat.reference(b))
+            assert (result.reward, result.correct) == (1.0, True), (name, level, b.prompt, result)
+
+
+@pytest.mark.parametrize("name", PROCEDURAL)
+def test_the_compact_form_is_what_it_was(name):
+    domain = load(name)
+    assert domain.config.prompt_style == "compact"
+    [task] = domain.sample(1, 1, random.Random(0))
+    assert len(task.prompt) == 1 and task.prompt[0]["role"] == "user"  # no system message, no words added
+    assert domain.configure({"prompt_style": "compact"}).sample(1, 1, random.Random(0)) == [task]
+
+
+def test_dataset_domains_add_the_request_to_the_rows_own_question(tmp_path):
+    math_file = tmp_path / "math.jsonl"
+    math_file.write_text(json.dumps({"prompt": "How many legs have 3 cats?", "answer": "12"}) + "\n"
+                         + json.dumps({"prompt": "Put your final answer in \\boxed{}. 2+2?", "answer": "4"}) + "\n")
+    math = MATH_DATASET.configure({"path": str(math_file), "heldout_fraction": 0.0, "prompt_style": "chat"})
+    asked = sorted(t.prompt[-1]["content"] for t in math.sample(1, 2, random.Random(0)))
+    assert "How many legs have 3 cats?\n\nPut your final answer in \\boxed{}." in asked
+    assert "Put your final answer in \\boxed{}. 2+2?" in asked  # already asked: left alone
+    code_file = tmp_path / "code.jsonl"
+    code_file.write_text(json.dumps({"question": "Print the sum of two integers read from one line.",
+                                     "input_output": {"inputs": ["1 2\n"], "outputs": ["3\n"]},
+                                     "solutions": ["a, b = map(int, input().split())\nprint(a + b)"]}) + "\n")
+    code = CODE_DATASET.configure({"path": str(code_file), "prompt_style": "chat"})
+    [task] = code.tasks
+    assert task.prompt[-1]["content"].endswith("prints the answer, in a ```python code block.")
+    assert code.verify(task, code.reference(task) or task.payload["reference"]).reward == 1.0
+
+
+def test_the_style_comes_from_the_models_config_and_a_domains_own_option_wins():
+    assert ModelConfig().domain_options() == {}  # the tiny model: compact, the domains' default
+    assert ModelConfig(type="smollm2").domain_options() == {"prompt_style": "chat"}
+    assert ModelConfig(type="smollm2", prompt_style="compact", system_prompt="Be brief.").domain_options() == {
+        "system_prompt": "Be brief."}
+    shared = ModelConfig(type="hf", name_or_path="m").domain_options()
+    domains = load_all(["arithmetic", "fractions"], {"fractions": {"prompt_style": "compact"}}, shared=shared)
+    assert (domains["arithmetic"].config.prompt_style, domains["fractions"].config.prompt_style) == ("chat", "compact")
+    assert set(DomainConfig.model_fields) >= {"prompt_style", "system_prompt"}
