@@ -251,3 +251,9 @@ def test_a_run_stored_with_flat_trainer_keys_resumes_without_reporting_them_chan
     assert changed_settings(as_stored_now(flat), now) == []
     flat["trainer"]["lr"] = 5e-5
     assert changed_settings(as_stored_now(flat), now) == ["trainer.optim.lr: 5e-05 -> 0.0001"]
+
+
+def test_the_smollm2_preset_composes_to_the_real_model_asked_in_words():
+    config = _compose(["+experiment=smollm2"])
+    assert config.model.type == "smollm2" and config.model.domain_options() == {"prompt_style": "chat"}
+    assert len(config.domains) == 8 and config.sft.steps == 0 and config.trainer.loss.beta == 0.0
