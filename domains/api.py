@@ -152,12 +152,17 @@ class Domain:
     def reference(self, task: Task) -> str | None:
         return None
 
-    def prompt(self, compact: str, chat: str, system: str | None = None) -> Messages:
+    def prompt(self, compact: str, chat: str, system: str | None = None,
+               example: tuple[str, str] | None = None) -> Messages:
         """A task's messages in this domain's prompt style: the ``compact`` text, or the ``chat``
-        one; ``system`` (a tool domain's tool list, say) joins the run's system prompt."""
-        text = chat if self.config.prompt_style == "chat" else compact
-        systems = [s for s in (self.config.system_prompt, system if self.config.prompt_style == "chat" else None) if s]
-        return ([{"role": "system", "content": "\n\n".join(systems)}] if systems else []) + user_prompt(text)
+        one; ``system`` (a tool domain's tool list, say) joins the run's system prompt, and
+        ``example`` (a question and its answer) goes before a chat question as an exchange already
+        had: a small chat model copies the answer's format far better than it follows words."""
+        systems = [self.config.system_prompt]
+        if self.config.prompt_style != "chat":
+            return _with_system(systems, user_prompt(compact))
+        shown = [{"role": "user", "content": example[0]}, {"role": "assistant", "content": example[1]}] if example else []
+        return _with_system(systems + [system], shown + user_prompt(chat))
 
     def restyle(self, messages: Messages, request: str) -> Messages:
         """A dataset row's own messages in this domain's prompt style: chat adds ``request`` (the
@@ -230,6 +235,11 @@ class DomainFamily(ABC):
     def missing(self) -> str | None:
         """Why ``members()`` is empty (e.g. an optional dependency is not installed), or None."""
         return None
+
+
+def _with_system(texts: list[str | None], messages: Messages) -> Messages:
+    given = [t for t in texts if t]
+    return ([{"role": "system", "content": "\n\n".join(given)}] if given else []) + messages
 
 
 def user_prompt(text: str) -> Messages:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 from fractions import Fraction
-from typing import Callable
+from typing import Callable, ClassVar
 
 from domains.api import Task
 from domains.math.answer import BOX_REQUEST, MathAnswerDomain
@@ -41,6 +41,9 @@ def _fraction_text(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
+FRACTION_REQUEST = "Give it as a fraction in lowest terms (or a whole number)."
+
+
 class ProceduralMath(MathAnswerDomain):
     """A family of generated problems; subclasses fill ``generators`` (one per level)."""
 
@@ -57,12 +60,18 @@ class ProceduralMath(MathAnswerDomain):
         return [self._task(level, *generate(rng)) for _ in range(n)]
 
     def _task(self, level: int, prompt: str, answer: str, steps: list[str]) -> Task:
-        return Task(domain=self.name, level=level, prompt=self.prompt(prompt, self.chat_question(prompt)),
-                    payload={"answer": answer}, meta={"family": self.family, "solution": solution(steps, answer)})
+        prompt = self.prompt(prompt, self.chat_question(prompt), example=self.chat_example)
+        return Task(domain=self.name, level=level, prompt=prompt, payload={"answer": answer},
+                    meta={"family": self.family, "solution": solution(steps, answer)})
 
     def chat_question(self, compact: str) -> str:
         """The problem in words, for prompt_style chat (``compact`` ends in ``=``)."""
         return f"What is {compact.rstrip('=')}? {BOX_REQUEST}"
+
+    # One worked exchange before a chat question: SmolLM2-135M-Instruct boxed none of 24 arithmetic
+    # answers asked in words alone and all of them after this (docs/experiments.md).
+    chat_example: ClassVar[tuple[str, str]] = (f"What is 2+3? {BOX_REQUEST}",
+                                                "2 + 3 = 5. The final answer is \\boxed{5}.")
 
 
 # -- arithmetic -------------------------------------------------------------------------------------
@@ -186,6 +195,9 @@ class LinearEquations(ProceduralMath):
         equation = compact.removesuffix(", x=")
         return f"Solve {equation} for x. {BOX_REQUEST}"
 
+    chat_example = (f"Solve 2x+1=7 for x. {BOX_REQUEST}",
+                    "2x = 7 - 1 = 6, so x = 6 / 2 = 3. The final answer is \\boxed{3}.")
+
     def generators(self) -> dict[int, Generator]:
         return {1: _x_plus_b, 2: _x_minus_or_plus, 3: _ax_equals_c, 4: _ax_plus_b, 5: _both_sides}
 
@@ -248,8 +260,10 @@ class Fractions(ProceduralMath):
     family = "fractions"
 
     def chat_question(self, compact: str) -> str:
-        return (f"What is {compact.rstrip('=')}? Give it as a fraction in lowest terms (or a whole number). "
-                f"{BOX_REQUEST}")
+        return f"What is {compact.rstrip('=')}? {FRACTION_REQUEST} {BOX_REQUEST}"
+
+    chat_example = (f"What is 1/2+1/4? {FRACTION_REQUEST} {BOX_REQUEST}",
+                    "1/2 + 1/4 = 2/4 + 1/4 = 3/4. The final answer is \\boxed{3/4}.")
 
     def generators(self) -> dict[int, Generator]:
         return {1: _same_denominator, 2: _small_sum, 3: _sum_or_difference,
