@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from curriculum.steps import domain_values
 from curriculum.store import SchemaVersionError, StoreUnavailable
 from domains.api import Status, Task, one_line
 from domains.verify.pool import VerifierPoolBroken
@@ -151,10 +152,8 @@ def _unscored(metrics: list[dict]) -> dict[str, int]:
     results rows keep only their status, ``error``)."""
     totals: dict[str, int] = {}
     for row in metrics:
-        for key, value in row.items():
-            if key.startswith("domain/") and key.endswith("/unscored") and isinstance(value, (int, float)):
-                domain = key[len("domain/"):-len("/unscored")]
-                totals[domain] = totals.get(domain, 0) + int(value)
+        for domain, value in domain_values(row, "unscored").items():
+            totals[domain] = totals.get(domain, 0) + int(value)
     return totals
 
 

@@ -54,12 +54,11 @@ class Curriculum:
                  levels: Mapping[str, Sequence[int]] | None = None) -> None:
         if (domains is None) == (levels is None):
             raise ValueError("give the curriculum its domains, or (to plan and record without drawing) their levels")
-        self.domains = dict(domains or {})
-        self.store, self.run_id, self.seed = store, run_id, seed
+        self.domains, self.store = dict(domains or {}), store
         self.scheduler = Scheduler(dict(levels) if levels is not None else domain_levels(self.domains), policy,
                                    difficulty, prompts_per_step, seed=seed, store=store, run_id=run_id,
                                    write_behind=write_behind)
-        self.run_id = self.scheduler.run_id
+        self.run_id = self.scheduler.run_id  # the one given, or the run the scheduler started
         self.selector = (PromptSelector(selection, seed=seed, store=store, run_id=self.run_id)
                          if selection is not None else None)
         self.tasks = TaskSource(self.domains, set(heldout_ids), seed, selector=self.selector)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -65,6 +65,13 @@ def domain_metrics(groups: Sequence[Group]) -> dict[str, dict[str, float]]:
     for group in groups:
         by_domain[group.task.domain].append(group)
     return {name: _one_domain(found) for name, found in by_domain.items()}
+
+
+def domain_values(metrics: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The ``domain/<domain>/<name>`` entries of a step's metrics, by domain (what plan_metrics wrote)."""
+    head, tail = "domain/", f"/{name}"
+    return {key[len(head):-len(tail)]: value for key, value in metrics.items()
+            if key.startswith(head) and key.endswith(tail) and "/" not in key[len(head):-len(tail)]}
 
 
 def format_error_examples(groups: Sequence[Group]) -> dict[str, str]:

@@ -74,3 +74,10 @@ def test_the_first_format_error_of_each_domain_is_kept_to_quote():
     assert format_error_examples(groups) == {"arithmetic": "text1"}
     stats = domain_metrics(groups)["arithmetic"]
     assert (stats["completions"], stats["format_errors"]) == (4, 2)
+
+
+def test_per_domain_metric_values_are_read_by_domain_and_name_only():
+    from curriculum.steps import domain_values
+
+    metrics = {"domain/a/success": 0.5, "domain/a/level1/success": 1.0, "domain/b/success": 0.25, "success": 9}
+    assert domain_values(metrics, "success") == {"a": 0.5, "b": 0.25}

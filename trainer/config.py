@@ -146,13 +146,13 @@ class TrainerConfig(Strict):
     @classmethod
     def _moved_keys(cls, data: Any) -> Any:
         # an old command line or conf file gets told where the key went, not just "extra input"
-        if isinstance(data, dict) and "verifier_workers" in data:
+        if not isinstance(data, dict):
+            return data
+        if "verifier_workers" in data:
             raise ValueError("trainer.verifier_workers moved to verifier.workers")
-        if isinstance(data, dict):
-            for key in sorted(data.keys() & (FLAT_KEYS.keys() | RETIRED_KEYS)):
-                print(f"note: {_flat_key_note(key)}", file=sys.stderr)
-            return regroup_trainer(data)
-        return data
+        for key in sorted(data.keys() & (FLAT_KEYS.keys() | RETIRED_KEYS)):
+            print(f"note: {_flat_key_note(key)}", file=sys.stderr)
+        return regroup_trainer(data)
 
 
 def regroup_trainer(section: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import torch
 from domains.api import Domain, Task
 from domains.verify.pool import Pool
 from domains.registry import DomainError
+from trainer.config import EvalConfig, SamplingConfig
 from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate
 
@@ -64,7 +65,7 @@ def evaluate(
 class HeldoutEvaluation:
     """The run's fixed held-out set, how it is decoded, and what it scored before and after GRPO."""
 
-    def __init__(self, domains: dict[str, Domain], settings, sampling) -> None:
+    def __init__(self, domains: dict[str, Domain], settings: EvalConfig, sampling: SamplingConfig) -> None:
         self.tasks = heldout_tasks(domains, settings.tasks_per_level, settings.seed)
         self.cfg, self.sampling = settings, sampling  # the eval section; the trainer's sampling for the token budgets
         self.hits: dict[str, Hits] = {}  # "before"/"after" GRPO: held-out success, task by task

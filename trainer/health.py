@@ -19,6 +19,7 @@ from collections import deque
 
 from pydantic import Field
 
+from curriculum.steps import domain_values
 from domains.config import StrictModel
 
 
@@ -79,9 +80,8 @@ class HealthMonitor:
             alarms.append(f"entropy {entropy:.4f} below {self.cfg.entropy_min}")
         if self.cfg.entropy_max is not None and entropy is not None and entropy > self.cfg.entropy_max:
             alarms.append(f"entropy {entropy:.4f} above {self.cfg.entropy_max}")
-        for key, count in sorted(metrics.items()):
-            domain = key.removeprefix("domain/").removesuffix("/unscored")
-            if key == f"domain/{domain}/unscored" and count and domain not in self.unjudged_domains:
+        for domain, count in sorted(domain_values(metrics, "unscored").items()):
+            if count and domain not in self.unjudged_domains:
                 self.unjudged_domains.add(domain)
                 alarms.append(f"the verifier of {domain} could not judge {count} completions of step "
                               f"{metrics.get('step', '?')}; they count as failures (palestra verify says why)")
@@ -92,9 +92,8 @@ class HealthMonitor:
 
     def _format_alarms(self, metrics: dict, examples: dict[str, str]) -> list[str]:
         alarms = []
-        for key, completions in sorted(metrics.items()):
-            domain = key.removeprefix("domain/").removesuffix("/completions")
-            if key != f"domain/{domain}/completions" or not completions:
+        for domain, completions in sorted(domain_values(metrics, "completions").items()):
+            if not completions:
                 continue
             window = self.format_counts.setdefault(domain, deque(maxlen=self.cfg.format_window))
             window.append((int(metrics.get(f"domain/{domain}/format_errors", 0)), int(completions)))
