@@ -297,10 +297,11 @@ def check_override_keys(args: list[str], groups: set[str]) -> None:
     """Fail in one line on a ``key=value`` override whose key no config has (a typo), before Hydra
     would: Hydra's message spans five lines and suggests ``+key=value``, which validation then
     rejects. Prefixed overrides (``+``, ``++``, ``~``), flags and ``hydra.*`` are left to Hydra, and
-    so is a key that some variant of a group has (``policy.alpha`` with another policy chosen)."""
+    so is a key that some variant of a group has (``policy.alpha`` with another policy chosen).
+    ``hydra/launcher=…`` and other ``hydra/`` groups choose Hydra's plugins."""
     for arg in args:
         key = arg.split("=", 1)[0]
-        if "=" not in arg or key[:1] in "+~-" or key.split(".")[0] == "hydra":
+        if "=" not in arg or key[:1] in "+~-" or key.split(".")[0] == "hydra" or key.startswith("hydra/"):
             continue
         unknown = _unknown_part(key.split("."), groups)
         if unknown is not None:

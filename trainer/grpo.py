@@ -99,9 +99,10 @@ class GRPORecipe:
         self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.system.table_every)
                        if self.world.is_main else distributed.QuietLogger())
         self.update.alarm = self.logger.write
-        if self.resumed_changes:
-            self.logger.write(f"resuming run {self.run_id} at step {self.start_step} with settings changed since it "
-                              f"started: {'; '.join(self.resumed_changes)}")
+        if latest is not None:  # a requeued cluster job's log says it went on rather than started over
+            changed = (f" with settings changed since it started: {'; '.join(self.resumed_changes)}"
+                       if self.resumed_changes else "")
+            self.logger.write(f"resuming run {self.run_id} at step {self.start_step}{changed}")
 
     def _build_models(self) -> str:
         """The policy (rank 0 builds the tiny model's folder; the other ranks then read it), the KL
