@@ -19,7 +19,10 @@ from pydantic import Field
 
 from domains.config import StrictModel
 
-Messages = list[dict[str, str]]
+# Chat messages. A tool domain's chat prompt opens with a system message that also carries the tool
+# schemas under "tools" (domains.tools.calls.offer_tools hands them to a chat template that takes
+# them, or writes them into the message for one that does not).
+Messages = list[dict[str, Any]]
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
@@ -152,17 +155,21 @@ class Domain:
     def reference(self, task: Task) -> str | None:
         return None
 
-    def prompt(self, compact: str, chat: str, system: str | None = None,
+    def prompt(self, compact: str, chat: str, tools: list[dict[str, Any]] | None = None,
                example: tuple[str, str] | None = None) -> Messages:
         """A task's messages in this domain's prompt style: the ``compact`` text, or the ``chat``
-        one; ``system`` (a tool domain's tool list, say) joins the run's system prompt, and
-        ``example`` (a question and its answer) goes before a chat question as an exchange already
-        had: a small chat model copies the answer's format far better than it follows words."""
+        one; a chat prompt offers ``tools`` (JSON schemas) in its system message, beside the run's
+        system prompt, and ``example`` (a question and its answer) goes before a chat question as
+        an exchange already had: a small chat model copies the answer's format far better than it
+        follows words."""
         systems = [self.config.system_prompt]
         if self.config.prompt_style != "chat":
             return _with_system(systems, user_prompt(compact))
         shown = [{"role": "user", "content": example[0]}, {"role": "assistant", "content": example[1]}] if example else []
-        return _with_system(systems + [system], shown + user_prompt(chat))
+        if tools:
+            return [{"role": "system", "content": self.config.system_prompt or "", "tools": tools},
+                    *shown, *user_prompt(chat)]
+        return _with_system(systems, shown + user_prompt(chat))
 
     def restyle(self, messages: Messages, request: str) -> Messages:
         """A dataset row's own messages in this domain's prompt style: chat adds ``request`` (the

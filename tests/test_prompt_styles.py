@@ -10,7 +10,13 @@ from domains.api import DomainConfig
 from domains.code.dataset import CODE_DATASET
 from domains.math.dataset import MATH_DATASET
 from domains.registry import load, load_all
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from transformers import PreTrainedTokenizerFast
+
+from domains.tools.calls import offer_tools
 from trainer.config import ModelConfig
+from trainer.models import encode_prompt, template_takes_tools
 
 PROCEDURAL = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists",
               "tool_calculator", "tool_kv_store", "tool_lookup"]
@@ -28,14 +34,13 @@ def test_a_chat_prompt_of_every_procedural_domain_asks_for_the_format_and_its_re
         worded = chat.sample(level, 3, random.Random(level))
         for a, b in zip(plain, worded):
             assert a.payload == b.payload and a.prompt != b.prompt  # the same problem, put in words
-            assert b.prompt[0] == {"role": "system", "content": b.prompt[0]["content"]}
-            assert b.prompt[0]["content"].startswith("Be brief.")
+            assert b.prompt[0]["role"] == "system" and b.prompt[0]["content"].startswith("Be brief.")
             assert ASKS[name] in b.prompt[-1]["content"]
             if name in ("arithmetic", "linear_equations", "fractions"):  # one worked exchange first
                 assert [m["role"] for m in b.prompt] == ["system", "user", "assistant", "user"]
                 assert "The final answer is \\boxed{" in b.prompt[2]["content"]
-            if name.startswith("tool_"):  # the tools, in the Hermes format, for a template that takes none
-                assert "<tools>" in b.prompt[0]["content"] and "<tool_call>" in b.prompt[0]["content"]
+            if name.startswith("tool_"):  # the tools' schemas, for the chat template or in words
+                assert [t["name"] for t in b.prompt[0]["tools"]] == [t["name"] for t in chat.environment(b).tools()]
             result = chat.verify(b, chat.reference(b))
             assert (result.reward, result.correct) == (1.0, True), (name, level, b.prompt, result)
 
@@ -76,3 +81,30 @@ def test_the_style_comes_from_the_models_config_and_a_domains_own_option_wins():
     domains = load_all(["arithmetic", "fractions"], {"fractions": {"prompt_style": "compact"}}, shared=shared)
     assert (domains["arithmetic"].config.prompt_style, domains["fractions"].config.prompt_style) == ("chat", "compact")
     assert set(DomainConfig.model_fields) >= {"prompt_style", "system_prompt"}
+
+
+def _chatml(with_tools: bool) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer with a ChatML template, which lists ``tools`` when asked to."""
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+    tools = "{% if tools %}TOOLS:{% for t in tools %} {{ t.name }}{% endfor %}\n{% endif %}" if with_tools else ""
+    tokenizer.chat_template = (tools + "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    return tokenizer
+
+
+@pytest.mark.parametrize("with_tools", [True, False])
+def test_tool_schemas_go_through_the_templates_tools_argument_where_it_takes_one(with_tools):
+    domain = load("tool_calculator").configure({"prompt_style": "chat"})
+    [task] = domain.sample(1, 1, random.Random(0))
+    tokenizer = _chatml(with_tools)
+    assert template_takes_tools(tokenizer) is with_tools
+    messages, tools = offer_tools(task.prompt, template_takes_tools(tokenizer))
+    rendered = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    names = [t["name"] for t in domain.environment(task).tools()]
+    if with_tools:  # the template lists the tools; no system message is left with nothing to say
+        assert rendered.startswith("TOOLS: " + " ".join(names)) and "<|system|>" not in rendered
+        assert "<tools>" not in rendered
+    else:  # the Hermes system message, as before the schemas travelled apart
+        assert rendered.startswith("<|system|>You may call functions") and tools is None
+        assert all(f'"name": "{n}"' in rendered for n in names)
+    assert encode_prompt(tokenizer, task.prompt) == tokenizer(rendered, add_special_tokens=False)["input_ids"]

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from domains.api import Messages, one_line
+from domains.tools.calls import offer_tools
 from trainer.config import ConfigError, ModelConfig
 from trainer.pretrained import converted_smollm2, smollm2_source
 from trainer.tiny_model import TinyShapeMismatch, build_tiny_model, shape_differences, tiny_shape
@@ -129,10 +130,20 @@ def end_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) ->
     return tuple(dict.fromkeys(int(i) for i in found if i is not None))
 
 
+def template_takes_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer's chat template renders a ``tools=`` list (Qwen's, Llama 3's and
+    Hermes' do; SmolLM2's and the tiny model's do not)."""
+    template = tokenizer.chat_template
+    return "tools" in (" ".join(template.values()) if isinstance(template, dict) else template or "")
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
-    """Chat messages -> token ids, by default ending where the assistant starts to speak."""
+    """Chat messages -> token ids, by default ending where the assistant starts to speak. A tool
+    domain's schemas go through the template's ``tools=`` argument where it takes one."""
+    messages, tools = offer_tools(messages, template_takes_tools(tokenizer))
     if tokenizer.chat_template:
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+        encoded = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                                tokenize=True)
         return list(encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded)
     # No template (a base model): a plain documented format.
     text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant: " if add_generation_prompt else "")

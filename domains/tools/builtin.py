@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from domains.api import DomainConfig, Task
-from domains.tools.calls import render_call, tools_message
+from domains.tools.calls import render_call
 from domains.tools.environment import ToolConfig, ToolDomain, ToolEnvironment, ToolError, tool
 
 LIMIT = 10**12  # argument bound: keeps every result exact and every call cheap
@@ -34,8 +34,8 @@ INT = {"type": "integer", "minimum": -LIMIT, "maximum": LIMIT}
 
 def _task(domain: ToolDomain, level: int, compact: str, chat: str, payload: dict[str, Any],
           env: type[ToolEnvironment]) -> Task:
-    """A task whose chat-style prompt offers ``env``'s tools in a system message."""
-    prompt = domain.prompt(compact, chat, system=tools_message(env.tools()))
+    """A task whose chat-style prompt offers ``env``'s tools."""
+    prompt = domain.prompt(compact, chat, tools=env.tools())
     return Task(domain=domain.name, level=level, prompt=prompt, payload=payload, meta={"family": domain.name})
 
 

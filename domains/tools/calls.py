@@ -151,6 +151,23 @@ def tools_message(tools: list[dict[str, Any]]) -> str:
             f'{OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CLOSE}')
 
 
+def offer_tools(messages: list[dict[str, Any]], template_takes_tools: bool) -> tuple[list[dict[str, Any]], list | None]:
+    """A prompt's messages as a chat template renders them, and the tool schemas to give the
+    template's ``tools=`` argument: a template that takes tools gets the schemas carried by the
+    system message (which goes away if it says nothing else); for any other template, and for
+    readers that render no template, the schemas are written into that message in the Hermes
+    format, after the run's system prompt."""
+    offered = next((m for m in messages if "tools" in m), None)
+    if offered is None:
+        return messages, None
+    tools, own = offered["tools"], offered["content"]
+    if template_takes_tools:
+        rest = [] if not own else [{"role": offered["role"], "content": own}]
+        return [r for m in messages for r in (rest if m is offered else [m])], tools
+    content = "\n\n".join(t for t in (own, tools_message(tools)) if t)
+    return [{"role": offered["role"], "content": content} if m is offered else m for m in messages], None
+
+
 def render_call(name: str, **arguments: Any) -> str:
     """A call as the reference transcripts write it: compact JSON, short enough for a tiny model."""
     body = json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"), ensure_ascii=False)
