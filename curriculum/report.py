@@ -196,14 +196,14 @@ def _diffs_png(plt, path: Path, result) -> str:
                 continue
             lo = s["lo"] if s["lo"] is not None else s["diff"]
             hi = s["hi"] if s["hi"] is not None else s["diff"]
-            excludes = lo > 0 or hi < 0
             ax.errorbar([s["diff"]], [i], xerr=[[s["diff"] - lo], [hi - s["diff"]]], fmt="o",
-                        color="tab:red" if excludes else "tab:gray", capsize=3)
+                        color="tab:red" if s["significant"] else "tab:gray", capsize=3)
         ax.axvline(0, color="black", lw=0.8)
         ax.set_yticks(range(len(others)))
         ax.set_yticklabels(others if ax is axes[0][0] else [""] * len(others))
         ax.set_title(f"Δ {HEADERS[metric]}", fontsize=9)
-    fig.suptitle(f"difference from {result.baseline}, paired-seed 95% CI (red: excludes 0)", fontsize=10)
+    fig.suptitle(f"difference from {result.baseline}, paired-seed 95% CI (red: significant, as * in the table)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -49,7 +49,7 @@ def test_sweep_report(sweep_db, tmp_path):
     assert main(["report", "--db", url, "--sweep", "s", "--out", str(out)]) == 0
     page = out / "index.html"
     assert set(images_of(page)) == {"curves.png", "comparison.png", "kinds.png"}
-    assert "learnability" in page.read_text() and "paired-seed 95% CIs" in page.read_text()
+    assert "learnability" in page.read_text() and "paired-seed t-based 95% CIs" in page.read_text()
     assert all((out / n).stat().st_size > 1000 for n in images_of(page))
 
 
