@@ -159,9 +159,11 @@ def _domain_table(store, run_id: str, vectors: list[dict], metrics: list[dict], 
     else:
         del columns["kind"]
     # verdicts only where the run stored them (the simulator keeps no per-completion rows by default)
-    columns.update({c: c.replace("_", " ") for c in [*VERDICT_COLUMNS, "unscored"] if any(r[c] for r in rows)})
-    note = ("<p>Verdicts by status are counted from the stored per-completion rows; "
-            "this run stored none.</p>" if not any(r[c] for r in rows for c in VERDICT_COLUMNS) else "")
+    if any(r[c] for r in rows for c in [*VERDICT_COLUMNS, "unscored"]):
+        columns.update({c: c.replace("_", " ") for c in [*VERDICT_COLUMNS, "unscored"]})
+        note = ""
+    else:
+        note = "<p>Verdicts by status are counted from the stored per-completion rows; this run stored none.</p>"
     return note + page.table(rows, columns, {"share": lambda v: f"{v:.2%}"})
 
 

@@ -166,3 +166,5 @@ def test_a_training_sweep_compares_from_its_held_out_evaluations(tmp_path, capsy
     assert out["budget_rollouts"] == 2 * 4 * 2  # completions generated in the two steps
     assert main(["report", "--db", url, "--run", first["id"], "--out", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "macro.png").exists() and (tmp_path / "report" / "heldout.png").exists()
+    page = (tmp_path / "report" / "index.html").read_text()  # a trainer run stores its verdicts: all columns shown
+    assert "<td>arithmetic</td>" in page and "<th>correct</th>" in page and "<th>sandbox violation</th>" in page
