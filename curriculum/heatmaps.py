@@ -62,32 +62,34 @@ def draw(plt, heat: HeatMap, **style) -> list:
     steps, matrix = thin(np.asarray(heat.steps, dtype=float), np.asarray(heat.matrix, dtype=float),
                          take=heat.discrete)
     order = most_changed(np.asarray(heat.matrix, dtype=float), heat.change)
+    values = None
     if heat.discrete:
         values = np.unique(matrix[np.isfinite(matrix)])
-        style = {**_discrete_style(plt, values), **style}
+        style = {**_discrete_style(plt, len(values)), **style}
         matrix = np.searchsorted(values, matrix).astype(float)  # colour by rank: gaps between levels need no colour
     figures = []
     chunks = pages(len(order))
-    for number, rows in enumerate(chunks, 1):
+    for rows in chunks:
         chosen = order[rows]
         title = heat.title if len(chunks) == 1 else (
             f"{heat.title} — domains {rows.start + 1}–{rows.stop} of {len(order)}, most changed first")
-        figures.append(_page(plt, steps, matrix[:, chosen], [heat.names[i] for i in chosen], title, heat, style))
+        fig = _page(plt, steps, matrix[:, chosen], [heat.names[i] for i in chosen], title, heat.label, style)
+        if values is not None:  # name the colours by the values they stand for
+            bar = fig.axes[-1]
+            bar.set_yticks(range(len(values)), [f"{v:g}" for v in values])
+        figures.append(fig)
     return figures
 
 
-def _discrete_style(plt, values: np.ndarray) -> dict:
+def _discrete_style(plt, n: int) -> dict:
+    """One colour for each of ``n`` ranks 0..n-1."""
     from matplotlib.colors import ListedColormap
 
-    n = max(1, len(values))
-    colours = plt.get_cmap("viridis")(np.linspace(0, 1, n)) if n > 1 else plt.get_cmap("viridis")([0.5])
-    return {"cmap": ListedColormap(colours), "vmin": -0.5, "vmax": n - 0.5,
-            "_ticks": (list(range(n)), [f"{v:g}" for v in values])}
+    colours = plt.get_cmap("viridis")(np.linspace(0, 1, n) if n > 1 else [0.5])
+    return {"cmap": ListedColormap(colours), "vmin": -0.5, "vmax": max(n, 1) - 0.5}
 
 
-def _page(plt, steps: np.ndarray, matrix: np.ndarray, names: list[str], title: str, heat: HeatMap, style: dict):
-    style = dict(style)
-    ticks = style.pop("_ticks", None)
+def _page(plt, steps: np.ndarray, matrix: np.ndarray, names: list[str], title: str, label: str, style: dict):
     fig, ax = plt.subplots(figsize=(10, 1.6 + 0.2 * len(names)))
     extent = (steps[0], steps[-1], len(names) - 0.5, -0.5) if len(steps) else None
     im = ax.imshow(matrix.T, aspect="auto", interpolation="nearest", extent=extent, **style)
@@ -95,9 +97,6 @@ def _page(plt, steps: np.ndarray, matrix: np.ndarray, names: list[str], title: s
     ax.set_yticklabels(names, fontsize=7)
     ax.set_xlabel("step")
     ax.set_title(title, fontsize=10)
-    bar = fig.colorbar(im, ax=ax, label=heat.label)
-    if ticks is not None:
-        bar.set_ticks(ticks[0])
-        bar.set_ticklabels(ticks[1])
+    fig.colorbar(im, ax=ax, label=label)
     fig.tight_layout()
     return fig

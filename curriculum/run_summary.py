@@ -7,8 +7,6 @@ it reached, and its training and held-out success at the start and at the end of
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from curriculum.steps import domain_values
@@ -98,7 +96,3 @@ def run_alarms(metrics: list[dict]) -> list[tuple[int, str]]:
     """(step, alarm) for every health alarm the run stored, in step order."""
     return [(int(row["step"]), str(text)) for row in metrics for text in row.get("alarms") or []]
 
-
-def format_share(value: Any, digits: int = 3) -> str:
-    """A rate or share for a table cell; a dash where there is none."""
-    return "-" if value is None else f"{value:.{digits}f}"
