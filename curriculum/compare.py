@@ -67,7 +67,7 @@ class Comparison:
     budget: float
     target: float
     metric_key: str
-    # label -> metric -> dict(mean, values, diff, lo, hi, n, censored)
+    # label -> metric -> dict(mean, values, seeds, n, diff, lo, hi, pairs, tied, significant, censored)
     policies: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
