@@ -23,7 +23,7 @@ import numpy as np
 
 from curriculum import report_page as page
 from curriculum.compare import HEADERS, METRICS, compare_sweep, format_table, load_run, split_labels
-from curriculum.heatmaps import HeatMap, draw, thin
+from curriculum.heatmaps import MAX_PAGES, ROWS_PER_PAGE, HeatMap, draw, thin
 from curriculum.run_summary import VERDICT_COLUMNS, domain_table, heldout_series, run_alarms
 
 
@@ -94,6 +94,9 @@ def report_run(store, run_id: str, out: str | Path) -> str:
     for stem, heat, style in _run_heatmaps(vectors, metrics, domains):
         imgs = _paged(plt, out, stem, heat, style)
         more = f"{len(imgs) - 1} more pages: the domains that changed less"
+        left = len(heat.names) - ROWS_PER_PAGE * MAX_PAGES
+        if left > 0:
+            more += f" (the {left} that changed least are in the per-domain table only)"
         parts.append(page.section(heat.title, page.images(imgs, fold_after=1, more=more)))
     parts += [page.section("Per domain", _domain_table(store, run_id, vectors, metrics, masks, domains)),
               page.section("Health alarms", _alarms(metrics)),

@@ -8,7 +8,7 @@ import pytest
 
 from curriculum.cli import main
 from curriculum.config import parse_difficulty, parse_policy
-from curriculum.heatmaps import HeatMap, ROWS_PER_PAGE, draw
+from curriculum.heatmaps import MAX_PAGES, ROWS_PER_PAGE, HeatMap, draw, pages
 from curriculum.sim.config import ScenarioConfig, SimAppConfig
 from curriculum.sim.runner import run_sim
 from curriculum.store import StatsStore
@@ -130,6 +130,7 @@ def test_heat_map_rows_are_named_most_changed_first_and_paged():
     first = labels(figures[0])
     assert first[:3] == ["dom007", "dom003", "dom000"]  # then the unchanged ones, in name order
     assert sorted(sum((labels(f) for f in figures), [])) == names  # every domain once
+    assert len(pages(10_000)) == MAX_PAGES and pages(10_000)[-1].stop == MAX_PAGES * ROWS_PER_PAGE
     plt.close("all")
 
 
