@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     failed = 0
     for page in args.pages:
-        problems = check(page, browser)
+        problems = check(page, browser) if page.is_file() else ["no such file"]
         for problem in problems:
             print(f"{page}: {problem}")
         failed += bool(problems)
