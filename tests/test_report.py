@@ -16,9 +16,9 @@ from curriculum.store import StatsStore
 import matplotlib  # noqa: F401  (the report extra; make test installs it)
 
 
-@pytest.fixture()
-def sweep_db(tmp_path):
-    url = f"sqlite:///{tmp_path / 'r.db'}"
+@pytest.fixture(scope="module")
+def sweep_db(tmp_path_factory):  # built once: the tests only read it (and add one alarm)
+    url = f"sqlite:///{tmp_path_factory.mktemp('sweep') / 'r.db'}"
     sim = ScenarioConfig(domains=10, levels=3, steps=12, prompts_per_step=8, group_size=4, cluster_size=5,
                          noisy_share=0.1, unlearnable_share=0.1, domains_every=3)
     ids = []
