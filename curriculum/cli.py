@@ -19,9 +19,8 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from curriculum.steps import domain_values
 from curriculum.store import SchemaVersionError, StoreUnavailable
-from domains.api import Status, Task, one_line
+from domains.api import Task, one_line
 from domains.verify.pool import VerifierPoolBroken
 from domains.registry import DomainError, available, load
 
@@ -124,37 +123,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    from curriculum.run_summary import VERDICT_COLUMNS, domain_stats
+
     with _open_store(args.db) as store:
         run_id = _resolve_run(store, args.run)
-        rows = store.domain_summary(run_id)
-        verdicts = store.verdict_counts(run_id)
-        unscored = _unscored(store.metrics(run_id))
-    for row in rows:
-        found = verdicts.get(row["domain"], {})
-        row.update({column: found.get(status, 0) for column, status in VERDICT_COLUMNS.items()},
-                   unscored=unscored.get(row["domain"], 0))
+        rows = domain_stats(store, run_id)
     if args.json:
         print(json.dumps({"run": run_id, "domains": rows}, default=str, indent=1))
     else:
         print(f"run {run_id}")
         _table(rows, ["domain", "attempts", "successes", "success_rate", "weight", "level", *VERDICT_COLUMNS, "unscored"])
     return 0
-
-
-# the verdict columns of `palestra stats`: how each domain's completions were judged
-VERDICT_COLUMNS = {"correct": "correct", "partial": Status.OK.value, "wrong": Status.WRONG.value,
-                   "format_error": Status.FORMAT_ERROR.value, "timeout": Status.TIMEOUT.value,
-                   "error": Status.ERROR.value, "sandbox_violation": Status.SANDBOX_VIOLATION.value}
-
-
-def _unscored(metrics: list[dict]) -> dict[str, int]:
-    """Completions each domain's verifier could not judge (summed from the steps' metrics; the
-    results rows keep only their status, ``error``)."""
-    totals: dict[str, int] = {}
-    for row in metrics:
-        for domain, value in domain_values(row, "unscored").items():
-            totals[domain] = totals.get(domain, 0) + int(value)
-    return totals
 
 
 def _resolve_run(store, prefix: str) -> str:

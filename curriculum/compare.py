@@ -18,6 +18,12 @@ Runs are grouped by policy (its ``type``; a type swept over several settings is 
 and paired with the baseline run of the same seed. The interval is the t-based 95% interval of
 the mean paired difference, policy − baseline: paired because a seed fixes the world and the
 outcome stream for every policy, so world-to-world variation cancels out of the difference.
+
+A t interval is only as good as its estimate of the spread, and with few seeds that estimate is
+poor: two seeds that happen to differ by the same amount (−7 and −7 steps) give a spread of 0 and
+an interval of width 0 that "excludes" zero. So a difference counts as significant only when it
+rests on at least ``MIN_PAIRS`` seeds, its differences are not all alike (a tie gets no interval:
+its spread is unknown, not zero) and its interval excludes zero.
 """
 from __future__ import annotations
 
@@ -61,7 +67,7 @@ class Comparison:
     budget: float
     target: float
     metric_key: str
-    # label -> metric -> dict(mean, values, diff, lo, hi, n, censored)
+    # label -> metric -> dict(mean, values, seeds, n, diff, lo, hi, pairs, tied, significant, censored)
     policies: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -169,16 +175,35 @@ def _retention(c: RunCurves, mastery: float) -> float:
     return float(np.minimum(c.domains[-1][mastered] / peak[mastered], 1.0).mean())
 
 
+MIN_PAIRS = 3  # fewer seeds than this never make a difference significant, however narrow its interval
+TIE_TOLERANCE = 1e-9  # paired differences this close together are all alike: no spread to estimate
+
+
 def paired_ci(diffs: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high) of the mean paired difference; t-based, NaN bounds with fewer than 2 pairs."""
+    """(mean, low, high) of the mean paired difference; t-based. The bounds are NaN with fewer than
+    2 pairs, and when every pair differs alike (``differences_tied``): no interval, not a width of 0."""
     diffs = diffs[np.isfinite(diffs)]
     if len(diffs) == 0:
         return float("nan"), float("nan"), float("nan")
     mean = float(diffs.mean())
-    if len(diffs) < 2:
+    if len(diffs) < 2 or differences_tied(diffs):
         return mean, float("nan"), float("nan")
     half = stats.t.ppf(0.5 + level / 2, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))
     return mean, mean - float(half), mean + float(half)
+
+
+def differences_tied(diffs: np.ndarray) -> bool:
+    """Whether two or more finite paired differences are all the same (up to rounding)."""
+    diffs = diffs[np.isfinite(diffs)]
+    return len(diffs) >= 2 and float(np.ptp(diffs)) <= TIE_TOLERANCE * max(1.0, float(np.abs(diffs).max()))
+
+
+def is_significant(lo: float | None, hi: float | None, pairs: int) -> bool:
+    """The one rule behind every star and red mark: an interval (so some spread) that excludes 0,
+    on at least MIN_PAIRS seeds."""
+    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return False
+    return pairs >= MIN_PAIRS and (lo > 0 or hi < 0)
 
 
 def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "uniform",
@@ -214,8 +239,10 @@ def _summary(runs: dict[int, dict], base: dict[int, dict], metric: str, never: f
     seeds = sorted(set(runs) & set(base))
     diffs = np.array([runs[s][metric] - base[s][metric] for s in seeds], dtype=float)
     mean_diff, lo, hi = paired_ci(diffs)
+    pairs = int(np.isfinite(diffs).sum())  # the seeds this cell rests on (a NaN metric drops its seed)
     out = {"mean": _num(np.nanmean(values)) if np.isfinite(values).any() else None,
-           "n": len(values), "pairs": len(seeds), "diff": _num(mean_diff), "lo": _num(lo), "hi": _num(hi),
+           "n": len(values), "pairs": pairs, "diff": _num(mean_diff), "lo": _num(lo), "hi": _num(hi),
+           "tied": differences_tied(diffs), "significant": is_significant(lo, hi, pairs),
            "seeds": sorted(runs), "values": [_num(v) for v in values]}
     if metric == "to_target":
         out["censored"] = int((values >= never).sum())
@@ -254,24 +281,26 @@ HEADERS = {"auc": "AUC", "final": "final", "worst10": "worst 10%", "to_target": 
 def format_table(cmp: Comparison) -> str:
     """A plain-text table: per policy, each metric's mean and its paired difference from baseline.
 
-    A ``*`` marks an interval that excludes zero; ``>`` marks steps-to-target bounds where some
-    run never reached the target.
+    ``seeds`` is the number of seeds paired with the baseline; a cell that rests on fewer (a metric
+    undefined on some seeds) says ``n=``. A ``*`` marks a significant difference (``is_significant``);
+    ``>`` marks steps-to-target bounds where some run never reached the target; ``tied`` a
+    difference alike on every seed, which gets no interval.
     """
     lines = [f"sweep {cmp.sweep_id}: budget {int(cmp.budget)} rollouts per run, target macro {cmp.target:.3f}, "
-             f"differences vs {cmp.baseline} with paired-seed 95% CIs (* excludes 0)"]
+             f"differences vs {cmp.baseline} with paired-seed t-based 95% CIs (* excludes 0, "
+             f"on at least {MIN_PAIRS} seeds that do not all differ alike)"]
     head = ["policy", "seeds"] + [HEADERS[m] for m in METRICS]
     rows = [head]
     for label, metrics in cmp.policies.items():
-        row = [label, str(metrics["auc"]["n"])]
-        for m in METRICS:
-            row.append(_cell(metrics[m], m, label == cmp.baseline))
-        rows.append(row)
+        is_base = label == cmp.baseline
+        seeds = metrics["auc"]["n"] if is_base else max(metrics[m]["pairs"] for m in METRICS)
+        rows.append([label, str(seeds)] + [_cell(metrics[m], m, is_base, seeds) for m in METRICS])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
     return "\n".join(lines)
 
 
-def _cell(s: dict, metric: str, is_base: bool) -> str:
+def _cell(s: dict, metric: str, is_base: bool, seeds: int) -> str:
     fmt = (lambda v: f"{v:.0f}") if metric == "to_target" else (lambda v: f"{v:.3f}")
     if s["mean"] is None:
         return "-"
@@ -280,7 +309,9 @@ def _cell(s: dict, metric: str, is_base: bool) -> str:
     if is_base or s["diff"] is None:
         return text
     sign = (lambda v: f"{v:+.0f}") if metric == "to_target" else (lambda v: f"{v:+.3f}")
-    if s["lo"] is None:
-        return f"{text} ({sign(s['diff'])})"
-    star = "*" if s["lo"] > 0 or s["hi"] < 0 else ""
-    return f"{text} ({sign(s['diff'])} [{sign(s['lo'])},{sign(s['hi'])}]{star})"
+    notes = [f"n={s['pairs']}"] if s["pairs"] < seeds else []
+    if s.get("tied"):
+        notes.append("tied")
+    if s["lo"] is not None:
+        notes.insert(0, f"[{sign(s['lo'])},{sign(s['hi'])}]{'*' if s.get('significant') else ''}")
+    return f"{text} ({' '.join([sign(s['diff'])] + notes)})"

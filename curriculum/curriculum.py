@@ -4,6 +4,7 @@
     draw(counts, step)           -> tasks for those slots (held-out tasks kept out, prompts selected)
     record(step, groups, metrics)-> the step's metrics as stored: every store write of the step
     record_evaluation(step, m)   :  held-out success joined to the step's stored metrics
+    record_alarms(step, alarms)  :  the trainer's health alarms, likewise
     state_dict / load_state_dict :  for checkpoints
 
 Inside, the ``Scheduler`` plans and learns (signals, mixing policy, difficulty controllers), the
@@ -143,6 +144,14 @@ class Curriculum:
                   **heldout_metrics(per_domain, mastery=DEFAULT_MASTERY, with_domains=True)}
         self.scheduler.flush()  # the step's own row first: merging into it must not race its write
         self.store.merge_metrics(self.run_id, step, values)
+
+    def record_alarms(self, step: int, alarms: Sequence[str]) -> None:
+        """The step's health alarms (all of them: they replace what the step stored) join its
+        stored metrics under ``alarms``, where ``palestra report`` lists them."""
+        if self.store is None or not alarms:
+            return
+        self.scheduler.flush()  # the step's own row first, as for an evaluation
+        self.store.merge_metrics(self.run_id, step, {"alarms": list(alarms)})
 
     def flush(self) -> None:
         self.scheduler.flush()

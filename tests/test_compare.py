@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from curriculum.cli import main
-from curriculum.compare import RunCurves, compare_curves, paired_ci, run_metrics
+from curriculum.compare import RunCurves, compare_curves, format_table, paired_ci, run_metrics
 from curriculum.config import parse_difficulty, parse_policy
 from curriculum.sim.config import ScenarioConfig, SimAppConfig
 from curriculum.sim.runner import run_sim
@@ -28,6 +28,50 @@ def test_paired_ci_by_hand():
     assert mean == 2.0
     assert (lo, hi) == pytest.approx((2 - 2.4841, 2 + 2.4841), abs=1e-4)
     assert np.isnan(paired_ci(np.array([1.0]))[1])
+    # every pair differing alike: the spread is unknown, not zero, so there is no interval
+    assert paired_ci(np.array([-7.0, -7.0]))[0] == -7.0 and np.isnan(paired_ci(np.array([-7.0, -7.0]))[1])
+
+
+def test_two_seeds_that_differ_alike_get_no_zero_width_star():
+    # steps to target 0.5: uniform reaches it at steps 10 and 11, the other policy 7 steps sooner on
+    # both seeds; the t interval would be [-7, -7] and starred
+    runs = []
+    for seed, reach in ((0, 10), (1, 11)):
+        runs.append(curves("uniform", seed, np.where(np.arange(1, 21) >= reach, 0.6, 0.1)))
+        runs.append(curves("fast", seed, np.where(np.arange(1, 21) >= reach - 7, 0.6, 0.1)))
+    cmp = compare_curves(runs, "sw", target=0.5)
+    cell = cmp.policies["fast"]["to_target"]
+    assert (cell["diff"], cell["lo"], cell["hi"], cell["pairs"]) == (-7.0, None, None, 2)
+    assert cell["tied"] and not cell["significant"]
+    row = format_table(cmp).splitlines()[-1]
+    assert row.split()[:2] == ["fast", "2"]  # the seeds every cell of the row rests on
+    assert "(-7 tied)" in row and "[-7,-7]" not in row and "*" not in row
+
+
+def test_fewer_than_three_seeds_are_never_significant():
+    runs = []
+    for seed in range(3):
+        base = np.linspace(0.1, 0.5, 10) + 0.01 * seed
+        runs.append(curves("uniform", seed, base))
+        runs.append(curves("better", seed, base + 0.1 + 0.002 * seed))
+    three = compare_curves(runs, "sw", target=0.3).policies["better"]["final"]
+    two = compare_curves([r for r in runs if r.seed < 2], "sw", target=0.3).policies["better"]["final"]
+    assert three["significant"] and three["lo"] > 0
+    assert two["lo"] > 0 and not two["significant"]  # an interval above zero, on two seeds only
+    rows = format_table(compare_curves([r for r in runs if r.seed < 2], "sw", target=0.3)).splitlines()[1:]
+    assert not any("*" in row for row in rows)
+
+
+def test_a_cell_on_fewer_seeds_says_so():
+    # retention is undefined on a run that never masters a domain: that seed drops out of its cell
+    mastered = [[0.1, 0.2], [0.9, 0.5], [0.85, 0.8]]
+    never = [[0.1, 0.2], [0.3, 0.4], [0.3, 0.4]]
+    runs = [curves(label, seed, [0.2, 0.4, 0.6], domains=mastered if (label, seed) != ("other", 2) else never)
+            for label in ("uniform", "other") for seed in range(3)]
+    cmp = compare_curves(runs, "sw", target=0.5)
+    assert cmp.policies["other"]["retention"]["pairs"] == 2
+    row = format_table(cmp).splitlines()[-1]
+    assert row.split()[:2] == ["other", "3"] and "n=2" in row
 
 
 def test_run_metrics_by_hand():
@@ -122,3 +166,5 @@ def test_a_training_sweep_compares_from_its_held_out_evaluations(tmp_path, capsy
     assert out["budget_rollouts"] == 2 * 4 * 2  # completions generated in the two steps
     assert main(["report", "--db", url, "--run", first["id"], "--out", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "macro.png").exists() and (tmp_path / "report" / "heldout.png").exists()
+    page = (tmp_path / "report" / "index.html").read_text()  # a trainer run stores its verdicts: all columns shown
+    assert "<td>arithmetic</td>" in page and "<th>correct</th>" in page and "<th>sandbox violation</th>" in page

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from curriculum.cli import main as cli
 from curriculum.replay import replay
+from curriculum.run_summary import run_alarms
 from curriculum.schema import RunRow
 from curriculum.store import StatsStore
 from trainer.app import run
@@ -97,7 +98,7 @@ def test_replay_without_a_sandbox_counts_the_code_it_could_not_judge(tmp_path, c
 
 def test_training_without_a_sandbox_raises_an_alarm_naming_the_code_domain_once(tmp_path):
     options = {"code_functions": {"sandbox": {"bwrap": "/nonexistent/bwrap"}}}
-    run(validate_config(tiny(tmp_path, ["code_functions", "arithmetic"], steps=2, domain_options=options)))
+    summary = run(validate_config(tiny(tmp_path, ["code_functions", "arithmetic"], steps=2, domain_options=options)))
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     alarms = [a for r in records if r["phase"] == "alarm" for a in r["alarms"]]
     unjudged = [a for a in alarms if "could not judge" in a]
@@ -109,6 +110,8 @@ def test_training_without_a_sandbox_raises_an_alarm_naming_the_code_domain_once(
     train = [r for r in records if r["phase"] == "train"]
     assert all(r["domain/code_functions/unscored"] == r["domain/code_functions/prompts"] * 4 for r in train)
     assert all(r.get("domain/arithmetic/unscored", 0) == 0 for r in train)
+    with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:  # kept for `palestra report`
+        assert [text for _, text in run_alarms(store.metrics(summary["run_id"]))] == alarms
 
 
 def test_replay_flags_a_nondeterministic_verifier(tmp_path, capsys):

@@ -57,6 +57,7 @@ class GRPORecipe:
         self.curriculum: distributed.SharedCurriculum | None = None
         self.run_id: str | None = None
         self.health = HealthMonitor(cfg.health)
+        self.step_alarms: dict[int, list[str]] = {}  # the latest step's alarms, as stored
         self.world = distributed.World()  # setup joins the process group under torchrun
 
     # -- setup ------------------------------------------------------------------------------------
@@ -274,6 +275,18 @@ class GRPORecipe:
             self.logger.write(f"alarm at step {step}: {alarm}")
         if alarms:
             self.logger.log(step, {"alarms": alarms}, phase="alarm")
+            self._store_alarms(step, alarms)
+
+    def _store_alarms(self, step: int, alarms: list[str]) -> None:
+        """Keep the step's alarms with its stored metrics, for ``palestra report``; a step can alarm
+        after its update and again after its evaluation, so what the step said before is kept too."""
+        if not self.world.is_main:
+            return
+        self.step_alarms = {step: self.step_alarms.get(step, []) + alarms}
+        try:
+            self.curriculum.inner.record_alarms(step, self.step_alarms[step])
+        except StoreUnavailable as exc:  # metrics.jsonl has them; training goes on
+            self.logger.write(f"warning: alarms of step {step} not stored: {one_line(exc, 200)}")
 
     def _log_sft(self, step: int, metrics: dict[str, float]) -> None:
         self.pool.raise_if_broken()  # a pool whose workers cannot start ends the run now, not after SFT
