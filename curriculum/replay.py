@@ -76,7 +76,7 @@ def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int
             if row["verifier_version"] and row["verifier_version"] != now:
                 report.version_changes[row["domain"]] = f"{row['verifier_version']} -> {now}"
     rotating = any(domain.rotates for domain in domains.values())  # the earlier steps' draws count too
-    drawn = _as_drawn(store.results(run_id) if rotating and step is not None else rows, domains)
+    drawn = as_drawn(store.results(run_id) if rotating and step is not None else rows, domains)
     with VerifierPool(domains, workers=workers) as pool:
         verdicts = pool.verify_many([(drawn(row, task), row["completion"]) for row, task in checkable])
         pool.raise_if_broken()  # not a report of every row as a mismatch
@@ -92,10 +92,11 @@ def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int
     return report
 
 
-def _as_drawn(history: list[dict], domains: dict[str, Domain]):
+def as_drawn(history: list[dict], domains: dict[str, Domain]):
     """A function of (result row, stored task) that gives the task as the curriculum handed it to
     the domain's ``drawn``: at the row's step, after as many draws of it as ``history`` (the run's
-    result rows in step order, one group a draw) holds before."""
+    result rows in step order, one group a draw) holds before. The store keeps no verdict details,
+    so this is how a stored result's scored tests (``payload["scored_tests"]``) are read back."""
     rotating = {name for name, domain in domains.items() if domain.rotates}
     visits: dict[tuple[int, int], int] = {}  # (step, group) -> earlier draws of its task
     counted: Counter[str] = Counter()
