@@ -57,7 +57,7 @@ def category(row_id: str) -> str:
     """``simple_12`` and ``simple_python_12`` -> ``simple``; ``live_parallel_multiple_3-1-0`` ->
     ``parallel_multiple``; a category this domain does not score comes back as named
     (``simple_java``, ``irrelevance``)."""
-    name = re.sub(r"_\d[\d-]*$", "", row_id)
+    name = re.sub(r"_\d.*$", "", row_id)  # v4's memory rows run on: ``memory_0-customer-0``
     name = name[len("live_"):] if name.startswith("live_") else name
     return ALIASES.get(name, name)
 
@@ -243,7 +243,10 @@ def reference_calls(functions: list[dict], truth: list[dict]) -> str:
     for entry in truth:
         (name, params), = entry.items()
         properties = by_name.get(name, {}).get("parameters", {}).get("properties", {})
-        arguments = {p: _pick(values, properties.get(p, {})) for p, values in params.items() if _first(values) != ""}
+        # an optional parameter the schema does not name (BFCL's ground truth has some) is left out:
+        # the checker rejects a parameter outside the schema
+        arguments = {p: _pick(values, properties.get(p, {})) for p, values in params.items()
+                     if _first(values) != "" and not ("" in values and p not in properties)}
         blocks.append(render_call(name, **arguments))
     return "".join(blocks)
 
@@ -266,6 +269,7 @@ class BFCLDomain(TaskListDomain):
         self.tasks: list[Task] = []
         self.answers: dict[str, Any] = {}
         self.skipped: dict[str, int] = {}  # rows of the file in categories not scored, by category
+        self.unanswerable: list[str] = []  # ids of rows left out: no call passes their ground truth
 
     def _on_configure(self) -> None:
         self.answers = {}
@@ -274,7 +278,31 @@ class BFCLDomain(TaskListDomain):
                 self.answers[row["id"]] = row["ground_truth"]
             except (KeyError, TypeError) as exc:
                 raise ValueError(f"{where}: an answer row needs id and ground_truth ({type(exc).__name__}: {exc})") from None
-        self.tasks = []
+        tasks, skipped = self._read_rows()
+        # A row whose ground truth contradicts its own schema (a required parameter with no
+        # acceptable value, one the schema does not name) has no answer that BFCL's checks pass:
+        # training on it would only teach that the right call is wrong. Left out, and named.
+        self.tasks = [t for t in tasks if self._answerable(t)]
+        self.unanswerable = sorted({t.meta["bfcl_id"] for t in tasks} - {t.meta["bfcl_id"] for t in self.tasks})
+        self.skipped = dict(skipped)
+        if skipped:
+            counts = ", ".join(f"{kind} {n}" for kind, n in sorted(skipped.items()))
+            log.info("%s: %d tasks read from %s; skipped %d rows of categories not scored here (%s)",
+                     self.name, len(self.tasks), self.config.path, sum(skipped.values()), counts)
+        if self.unanswerable:
+            log.warning("%s: left out %d rows of %s that no call can pass (their ground truth contradicts "
+                        "their schema): %s", self.name, len(self.unanswerable), self.config.path,
+                        ", ".join(self.unanswerable[:8]) + (", …" if len(self.unanswerable) > 8 else ""))
+
+    def _answerable(self, task: Task) -> bool:
+        try:
+            return self.verify(task, self.reference(task)).correct
+        except (KeyError, TypeError, ValueError):  # ground truth too broken to write a call from
+            return False
+
+    def _read_rows(self) -> tuple[list[Task], Counter[str]]:
+        """The file's rows of the categories scored here as tasks, and a count of the others."""
+        tasks: list[Task] = []
         skipped: Counter[str] = Counter()
         for where, row in _jsonl(self.config.path):
             if not isinstance(row, dict):
@@ -284,14 +312,10 @@ class BFCLDomain(TaskListDomain):
                 skipped[kind] += 1
                 continue
             try:
-                self.tasks.append(self.task_from_json(row))
+                tasks.append(self.task_from_json(row))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{where}: {type(exc).__name__}: {exc}") from None
-        self.skipped = dict(skipped)
-        if skipped:
-            counts = ", ".join(f"{kind} {n}" for kind, n in sorted(skipped.items()))
-            log.info("%s: %d tasks read from %s; skipped %d rows of categories not scored here (%s)",
-                     self.name, len(self.tasks), self.config.path, sum(skipped.values()), counts)
+        return tasks, skipped
 
     def task_from_json(self, data: dict[str, Any]) -> Task:
         """A Task's JSON or a raw BFCL row (``palestra verify --domain bfcl`` with no flags)."""

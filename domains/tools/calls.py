@@ -151,7 +151,8 @@ def tools_message(tools: list[dict[str, Any]]) -> str:
             f'{OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CLOSE}')
 
 
-def render_call(name: str, **arguments: Any) -> str:
-    """A call as the reference transcripts write it: compact JSON, short enough for a tiny model."""
+def render_call(name: str, /, **arguments: Any) -> str:
+    """A call as the reference transcripts write it: compact JSON, short enough for a tiny model. ``name``
+    is positional only: a tool may have a parameter called ``name``."""
     body = json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"), ensure_ascii=False)
     return f"{OPEN}{body}{CLOSE}"
