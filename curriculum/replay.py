@@ -75,8 +75,8 @@ def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int
             now = domains[row["domain"]].version
             if row["verifier_version"] and row["verifier_version"] != now:
                 report.version_changes[row["domain"]] = f"{row['verifier_version']} -> {now}"
-    rotating = any(domain.rotates for domain in domains.values())  # the earlier steps' draws count too
-    drawn = as_drawn(store.results(run_id) if rotating and step is not None else rows, domains)
+    counting = any(domain.counts_draws for domain in domains.values())  # the earlier steps' draws count too
+    drawn = as_drawn(store.results(run_id) if counting and step is not None else rows, domains)
     with VerifierPool(domains, workers=workers) as pool:
         verdicts = pool.verify_many([(drawn(row, task), row["completion"]) for row, task in checkable])
         pool.raise_if_broken()  # not a report of every row as a mismatch
@@ -98,18 +98,19 @@ def as_drawn(history: list[dict], domains: dict[str, Domain]):
     result rows in step order, one group a draw) holds before. The store keeps no verdict details,
     so this is how a stored result's scored tests (``payload["scored_tests"]``) are read back."""
     rotating = {name for name, domain in domains.items() if domain.rotates}
+    counting = {name for name, domain in domains.items() if domain.counts_draws}
     visits: dict[tuple[int, int], int] = {}  # (step, group) -> earlier draws of its task
     counted: Counter[str] = Counter()
     for row in history:
         key = (row["step"], row["group_index"])
-        if row["domain"] in rotating and key not in visits:
+        if row["domain"] in counting and key not in visits:
             visits[key] = counted[row["task_id"]]
             counted[row["task_id"]] += 1
 
     def drawn(row: dict, task: Task) -> Task:
         if row["domain"] not in rotating:
             return task
-        return domains[row["domain"]].drawn(task, row["step"], visits[(row["step"], row["group_index"])])
+        return domains[row["domain"]].drawn(task, row["step"], visits.get((row["step"], row["group_index"]), 0))
     return drawn
 
 

@@ -1,7 +1,7 @@
 """Draw training tasks for a plan, keeping the held-out evaluation tasks out of training; with a
 prompt selector, each slot draws extra candidates and the selector picks. A training draw is
 handed to its domain's ``drawn`` with the step and how often the task was drawn before (counted
-for the domains that rotate what scores, such as hidden code tests)."""
+for the domains that ask, such as hidden code tests rotated by epoch)."""
 from __future__ import annotations
 
 import random
@@ -18,7 +18,7 @@ class TaskSource:
         self.heldout_ids = heldout_ids
         self.rng = random.Random(f"train/{seed}")
         self.selector = selector
-        self.visits: Counter[str] = Counter()  # training draws of each task of a rotating domain
+        self.visits: Counter[str] = Counter()  # training draws of each task of a domain that counts them
 
     def draw(self, counts: dict[tuple[str, int], int], step: int | None = None,
              rng: random.Random | None = None) -> list[Task]:
@@ -42,6 +42,8 @@ class TaskSource:
         domain = self.domains[name]
         if not domain.rotates:
             return task
+        if not domain.counts_draws:
+            return domain.drawn(task, step, 0)
         visit = self.visits[task.id]
         self.visits[task.id] += 1
         return domain.drawn(task, step, visit)

@@ -152,9 +152,10 @@ class Domain:
     def reference(self, task: Task) -> str | None:
         return None
 
-    # Whether ``drawn`` changes tasks (rotated hidden tests): the curriculum then counts how often
-    # each of this domain's tasks is drawn, for ``drawn``'s ``visit``.
+    # Whether ``drawn`` changes tasks (rotated hidden tests), and whether it reads ``visit``: only
+    # then does the curriculum count how often each of this domain's tasks is drawn (0 otherwise).
     rotates: bool = False
+    counts_draws: bool = False
 
     def drawn(self, task: Task, step: int, visit: int) -> Task:
         """``task`` as it is put to the model at training ``step``, drawn for the ``visit``-th time

@@ -119,6 +119,8 @@ def test_by_epoch_the_subset_changes_each_time_the_task_is_drawn_and_survives_a_
     resumed = TaskSource({"code_dataset": domain}, set(), seed=0)
     resumed.load_state_dict(state)
     assert [t.payload for t in resumed.draw(counts, step=1)] == [t.payload for t in again]
+    by_step = TaskSource({"code_dataset": domain.configure({"hidden_tests": {"score": 3}})}, set(), seed=0)
+    assert all(SCORED_KEY in t.payload for t in by_step.draw(counts, step=1)) and not by_step.visits  # no count kept
 
 
 def test_replay_scores_each_stored_result_on_the_tests_that_scored_it(tmp_path, rows_file):

@@ -458,6 +458,10 @@ class CodeDomain(Domain):
     def rotates(self) -> bool:
         return self.config.hidden_tests.score is not None
 
+    @property
+    def counts_draws(self) -> bool:
+        return self.rotates and self.config.hidden_tests.rotate == "epoch"
+
     def drawn(self, task: Task, step: int, visit: int) -> Task:
         hidden = self.config.hidden_tests
         subset = scoring_subset(task, hidden, step if hidden.rotate == "step" else visit)
