@@ -102,14 +102,14 @@ class _ProceduralCodeDomain(CodeDomain):
         if shown:  # kept with the task for the record; never among the cases that score
             payload["examples"] = shown
         prompt = self.prompt(f"def f({self.arg}): return {words}{_compact_examples(shown)}",
-                             self._chat_text(words) + _chat_examples(shown))
+                             self._chat_text(words, _chat_examples(shown)))
         return Task(domain=self.name, level=level, prompt=prompt, payload=payload, meta={"spec": words})
 
-    def _chat_text(self, words: str) -> str:
+    def _chat_text(self, words: str, examples: str) -> str:
         if self.config.completion == "expression":
-            return (f"Complete `def f({self.arg}): return` with an expression that gives {words}. "
+            return (f"Complete `def f({self.arg}): return` with an expression that gives {words}.{examples} "
                     "Reply with the expression alone.")
-        return (f"Write a Python function `f({self.arg})` that returns {words}. "
+        return (f"Write a Python function `f({self.arg})` that returns {words}.{examples} "
                 f"Reply with the function in a ```python code block.")
 
     def _telling_args(self, fn, rng: random.Random) -> list[Any]:
@@ -138,7 +138,7 @@ def _compact_examples(shown: list[dict[str, Any]]) -> str:
 
 def _chat_examples(shown: list[dict[str, Any]]) -> str:
     calls = " and ".join(f"`f({c['args'][0]!r})` returns `{c['expected']!r}`" for c in shown)
-    return f" For example, {calls}." if calls else ""
+    return f" For example, {calls}." if calls else ""  # between the request and the answer format
 
 
 class IntFunctionsDomain(_ProceduralCodeDomain):
