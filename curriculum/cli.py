@@ -254,6 +254,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             task = domain.task_from_json(row["task"])
             # `palestra sample` lines carry a "reference": verifying them as they are checks the references
             completion = row["completion"] if "completion" in row else row["reference"]
+            if completion is None:  # not the text "null": `palestra sample` writes null for a task without a reference
+                raise ValueError("the completion is null (a task that declares no reference, such as "
+                                 "one any solving sequence answers, has none to verify)")
             # a tool transcript may be given as a JSON list rather than a string holding one
             items.append((task, completion if isinstance(completion, str) else json.dumps(completion)))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

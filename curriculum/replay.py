@@ -4,15 +4,18 @@ Each result row keeps the completion, the task id (the task itself is in the ``t
 the verifier's version and the run's config (domains and their options, library versions). A
 replay rebuilds the domains from that config, verifies every completion again in a fresh verifier
 pool, and compares reward and status. A nondeterministic verifier, a changed verifier or a changed
-library shows up as mismatches.
+library shows up as mismatches. A domain that chose at draw time what scores a task (rotated hidden
+code tests) gets the task as it was drawn: its step, and how often it had been drawn before, from
+the stored groups.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from curriculum.store import StatsStore
-from domains.api import Task
+from domains.api import Domain, Task
 from domains.verify.pool import VerifierPool
 from domains.registry import load_all
 
@@ -72,8 +75,10 @@ def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int
             now = domains[row["domain"]].version
             if row["verifier_version"] and row["verifier_version"] != now:
                 report.version_changes[row["domain"]] = f"{row['verifier_version']} -> {now}"
+    counting = any(domain.counts_draws for domain in domains.values())  # the earlier steps' draws count too
+    drawn = as_drawn(store.results(run_id) if counting and step is not None else rows, domains)
     with VerifierPool(domains, workers=workers) as pool:
-        verdicts = pool.verify_many([(task, row["completion"]) for row, task in checkable])
+        verdicts = pool.verify_many([(drawn(row, task), row["completion"]) for row, task in checkable])
         pool.raise_if_broken()  # not a report of every row as a mismatch
     for (row, _), verdict in zip(checkable, verdicts):
         report.checked += 1
@@ -85,6 +90,28 @@ def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int
             report.mismatches.append(Mismatch(row["step"], row["domain"], row["task_id"], row["reward"],
                                               result.reward, row["status"], result.status.value))
     return report
+
+
+def as_drawn(history: list[dict], domains: dict[str, Domain]):
+    """A function of (result row, stored task) that gives the task as the curriculum handed it to
+    the domain's ``drawn``: at the row's step, after as many draws of it as ``history`` (the run's
+    result rows in step order, one group a draw) holds before. The store keeps no verdict details,
+    so this is how a stored result's scored tests (``payload["scored_tests"]``) are read back."""
+    rotating = {name for name, domain in domains.items() if domain.rotates}
+    counting = {name for name, domain in domains.items() if domain.counts_draws}
+    visits: dict[tuple[int, int], int] = {}  # (step, group) -> earlier draws of its task
+    counted: Counter[str] = Counter()
+    for row in history:
+        key = (row["step"], row["group_index"])
+        if row["domain"] in counting and key not in visits:
+            visits[key] = counted[row["task_id"]]
+            counted[row["task_id"]] += 1
+
+    def drawn(row: dict, task: Task) -> Task:
+        if row["domain"] not in rotating:
+            return task
+        return domains[row["domain"]].drawn(task, row["step"], visits.get((row["step"], row["group_index"]), 0))
+    return drawn
 
 
 def _readable_task(data: dict | None) -> Task | None:

@@ -1,8 +1,11 @@
 """Draw training tasks for a plan, keeping the held-out evaluation tasks out of training; with a
-prompt selector, each slot draws extra candidates and the selector picks."""
+prompt selector, each slot draws extra candidates and the selector picks. A training draw is
+handed to its domain's ``drawn`` with the step and how often the task was drawn before (counted
+for the domains that ask, such as hidden code tests rotated by epoch)."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 from curriculum.prompts import PromptSelector
 from domains.api import Domain, Task
@@ -15,6 +18,7 @@ class TaskSource:
         self.heldout_ids = heldout_ids
         self.rng = random.Random(f"train/{seed}")
         self.selector = selector
+        self.visits: Counter[str] = Counter()  # training draws of each task of a domain that counts them
 
     def draw(self, counts: dict[tuple[str, int], int], step: int | None = None,
              rng: random.Random | None = None) -> list[Task]:
@@ -27,11 +31,22 @@ class TaskSource:
             if n <= 0:
                 continue
             if step is None or self.selector is None:
-                tasks.extend(self._draw_one(name, level, n, rng))
+                chosen = self._draw_one(name, level, n, rng)
             else:
                 candidates = self._draw_one(name, level, self.selector.candidates(name, n), rng)
-                tasks.extend(self.selector.choose(name, level, candidates, n, step))
+                chosen = self.selector.choose(name, level, candidates, n, step)
+            tasks.extend(chosen if step is None else [self._drawn(name, t, step) for t in chosen])
         return tasks
+
+    def _drawn(self, name: str, task: Task, step: int) -> Task:
+        domain = self.domains[name]
+        if not domain.rotates:
+            return task
+        if not domain.counts_draws:
+            return domain.drawn(task, step, 0)
+        visit = self.visits[task.id]
+        self.visits[task.id] += 1
+        return domain.drawn(task, step, visit)
 
     def _draw_one(self, name: str, level: int, n: int, rng: random.Random) -> list[Task]:
         domain = self.domains[name]
@@ -45,10 +60,11 @@ class TaskSource:
         raise RuntimeError(f"domain {name!r} level {level}: could not draw {n} tasks outside the held-out set")
 
     def state_dict(self) -> dict:
-        return {"rng": self.rng.getstate()}
+        return {"rng": self.rng.getstate(), "visits": dict(self.visits)}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.setstate(_as_rng_state(state["rng"]))
+        self.visits = Counter(state.get("visits", {}))  # a checkpoint from before visits were counted has none
 
 
 def _as_rng_state(state):

@@ -155,6 +155,19 @@ class Domain:
     def reference(self, task: Task) -> str | None:
         return None
 
+    # Whether ``drawn`` changes tasks (rotated hidden tests), and whether it reads ``visit``: only
+    # then does the curriculum count how often each of this domain's tasks is drawn (0 otherwise).
+    rotates: bool = False
+    counts_draws: bool = False
+
+    def drawn(self, task: Task, step: int, visit: int) -> Task:
+        """``task`` as it is put to the model at training ``step``, drawn for the ``visit``-th time
+        in the run (0 the first): a domain may choose here what scores it, e.g. a rotating subset
+        of hidden tests. Keep the id, and decide from the task, ``step`` and ``visit`` alone:
+        ``palestra replay`` rebuilds the draw from the stored run the same way. Held-out evaluation
+        never calls this."""
+        return task
+
     def prompt(self, compact: str, chat: str, tools: list[dict[str, Any]] | None = None,
                example: tuple[str, str] | None = None) -> Messages:
         """A task's messages in this domain's prompt style: the ``compact`` text, or the ``chat``

@@ -1,7 +1,9 @@
 """The bfcl domain on hand-written rows in BFCL's published format (v3: question nested per turn;
 ground truth as {func: {param: [acceptable values]}} with "" marking an optional parameter)."""
 import json
+import logging
 import random
+from pathlib import Path
 
 import pytest
 
@@ -204,3 +206,33 @@ def test_a_broken_file_is_named_with_its_line(tmp_path, capsys):
         assert main(["sample", "--domain", "bfcl", "--level", "1", "--option", f"path={json.dumps(str(rows))}"]) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, err
+
+
+# -- BFCL's published v4 files: real rows (tests/data/bfcl, copied from the bfcl-eval package) ------------
+V4 = Path(__file__).parent / "data" / "bfcl"
+
+
+def test_v4_published_rows_load_score_and_skip_other_categories_with_a_count(caplog):
+    caplog.set_level(logging.INFO, logger="palestra.bfcl")
+    domain = load("bfcl", {"path": str(V4 / "BFCL_v4_sample.json"),
+                           "answers_path": str(V4 / "possible_answer" / "BFCL_v4_sample.json")})
+    levels = {t.meta["bfcl_id"]: t.level for t in domain.tasks}
+    assert levels == {"simple_python_0": 1, "simple_python_1": 1, "simple_python_2": 1, "multiple_0": 2,
+                      "multiple_1": 2, "parallel_0": 3, "parallel_1": 3, "parallel_multiple_0": 4,
+                      "parallel_multiple_1": 4, "live_simple_0-0-0": 1, "live_simple_1-1-0": 1,
+                      "live_multiple_28-8-0": 2, "parallel_multiple_12": 4}
+    assert domain.skipped == {"simple_java": 1, "simple_javascript": 1, "irrelevance": 1}
+    assert "skipped 3 rows" in caplog.text and "simple_java 1" in caplog.text
+    # its ground truth names a parameter its schema lacks as the only answer: no call can pass it
+    assert domain.unanswerable == ["live_multiple_964-207-0"] and "live_multiple_964-207-0" in caplog.text
+    for task in domain.tasks:  # no false negatives: every published answer scores
+        assert domain.verify(task, domain.reference(task)).reward == 1.0, task.meta["bfcl_id"]
+    assert domain.sample(1, 1, random.Random(0))[0].level == 1  # v4 files have level-1 tasks
+
+
+def test_v4_and_v3_simple_names_are_one_category_and_other_languages_are_refused_by_name():
+    assert category("simple_python_12") == category("simple_12") == "simple"
+    assert category("live_simple_3-1-0") == "simple" and category("simple_java_4") == "simple_java"
+    assert category("memory_12-customer-12") == "memory" and category("multi_turn_base_7") == "multi_turn_base"
+    with pytest.raises(ValueError, match="'simple_javascript' .* not scored here"):
+        BFCL.task_from_json({**SIMPLE, "id": "simple_javascript_0"})

@@ -191,6 +191,10 @@ def test_malformed_verify_input_names_the_line(tmp_path, capsys):
     (["not", "an", "object"], 'a line is a JSON object with "task" and "completion"'),
     ({"task": {"domain": "fractions", "level": 1, "prompt": "1/2+1/2=", "payload": {"answer": "1"}},
       "completion": "1"}, "the task is of domain 'fractions', not 'arithmetic'"),
+    # what `palestra sample` writes for a task without a reference: refused, not graded as the text "null"
+    ({"task": {"domain": "arithmetic", "level": 1, "prompt": "1+1=", "payload": {"answer": "2"}},
+      "reference": None}, "the completion is null (a task that declares no reference, such as one any "
+                          "solving sequence answers, has none to verify)"),
 ])
 def test_a_verify_line_without_a_completion_or_of_another_domain_is_named(line, says, tmp_path, capsys):
     path = tmp_path / "in.jsonl"

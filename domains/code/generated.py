@@ -5,6 +5,10 @@ Two families, five levels each. A task is a one-line spec such as ``def f(x): re
 at most); hidden function-call tests sit in the payload and run through the sandbox like any other
 code task. Levels grow from one operator to a conditional or an aggregate over a filtered list.
 
+For hidden, rotated tests (``domains.code.hidden``) a task can carry a larger pool (``tests``) of
+which ``hidden_tests.score`` score at once, and its prompt can show a few worked calls
+(``examples``) drawn apart from that pool, so that no test the model was shown ever scores.
+
 * ``code_functions`` — integer functions ``f(x)``.
 * ``code_lists`` — functions ``f(a)`` of a short list of integers.
 
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import random
 from typing import Any, Literal
+
+from pydantic import Field
 
 from domains.api import Task
 from domains.code.verifier import CodeConfig, CodeDomain
@@ -58,6 +64,8 @@ class CodeGenConfig(CodeConfig):
     # "expression": the model writes only ``x+3`` (up to ~24): the verifier puts ``def f(x):\n
     # return `` in front, HumanEval's prompt-prepending convention. For small generation budgets.
     completion: Literal["function", "expression"] = "function"
+    tests: int = Field(N_CASES, ge=2, le=24)  # hidden tests a task carries (its pool)
+    examples: int = Field(0, ge=0, le=4)  # calls with their results shown in the prompt, never tests
 
 
 class _ProceduralCodeDomain(CodeDomain):
@@ -82,25 +90,32 @@ class _ProceduralCodeDomain(CodeDomain):
             consts = {"k": rng.randint(2, 9), "m": rng.randint(1, 9)}
             words, expr = words.format(**consts), expr.format(**consts)
             fn = eval(f"lambda {self.arg}: {expr}")  # our own template text, never model output
-            cases = [{"args": [a], "expected": fn(a)} for a in self._telling_args(fn, rng)]
+            args = self._telling_args(fn, rng)
+            cases = [{"args": [a], "expected": fn(a)} for a in args[: self.config.tests]]
             if len({repr(c["expected"]) for c in cases}) > 1:
                 break
         head = f"def f({self.arg}):\n return "
         payload = {"format": "call", "entry_point": "f", "cases": cases, "reference": head + expr}
         if self.config.completion == "expression":
             payload.update(reference=expr, prompt_code=head)
-        if self.config.completion == "expression":
-            chat = (f"Complete `def f({self.arg}): return` with an expression that gives {words}. "
-                    "Reply with the expression alone.")
-        else:
-            chat = (f"Write a Python function `f({self.arg})` that returns {words}. "
-                    f"Reply with the function in a ```python code block.")
-        prompt = self.prompt(f"def f({self.arg}): return {words}", chat)
+        shown = [{"args": [a], "expected": fn(a)} for a in args[self.config.tests:]]
+        if shown:  # kept with the task for the record; never among the cases that score
+            payload["examples"] = shown
+        prompt = self.prompt(f"def f({self.arg}): return {words}{_compact_examples(shown)}",
+                             self._chat_text(words, _chat_examples(shown)))
         return Task(domain=self.name, level=level, prompt=prompt, payload=payload, meta={"spec": words})
 
+    def _chat_text(self, words: str, examples: str) -> str:
+        if self.config.completion == "expression":
+            return (f"Complete `def f({self.arg}): return` with an expression that gives {words}.{examples} "
+                    "Reply with the expression alone.")
+        return (f"Write a Python function `f({self.arg})` that returns {words}.{examples} "
+                f"Reply with the function in a ```python code block.")
+
     def _telling_args(self, fn, rng: random.Random) -> list[Any]:
-        """N_CASES distinct arguments, as many distinct answers first as the function gives, so a
-        constant (e.g. 0 for "count of 8 in a") cannot pass by luck."""
+        """``tests`` distinct arguments, as many distinct answers first as the function gives, so a
+        constant (e.g. 0 for "count of 8 in a") cannot pass by luck; then ``examples`` more for the
+        prompt. The same 60 draws whatever the counts: the task stream does not depend on them."""
         pool: list[Any] = []
         for _ in range(60):
             arg = self.random_arg(rng)
@@ -112,9 +127,18 @@ class _ProceduralCodeDomain(CodeDomain):
             if answer not in answers:
                 chosen.append(arg)
                 answers.append(answer)
-        chosen = chosen[:N_CASES]
+        chosen = chosen[: self.config.tests]
         rest = [a for a in pool if a not in chosen]
-        return chosen + rest[: N_CASES - len(chosen)]
+        return chosen + rest[: self.config.tests + self.config.examples - len(chosen)]
+
+
+def _compact_examples(shown: list[dict[str, Any]]) -> str:
+    return "".join(f"; f({c['args'][0]!r})={c['expected']!r}" for c in shown)
+
+
+def _chat_examples(shown: list[dict[str, Any]]) -> str:
+    calls = " and ".join(f"`f({c['args'][0]!r})` returns `{c['expected']!r}`" for c in shown)
+    return f" For example, {calls}." if calls else ""  # between the request and the answer format
 
 
 class IntFunctionsDomain(_ProceduralCodeDomain):

@@ -42,6 +42,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from domains.api import FAILURE_STATUSES, Domain, DomainConfig, Status, Task, VerifyResult
+from domains.code.hidden import (SCORED_KEY, TOO_FEW, HiddenTestsConfig, heldout_version, scored_cases, scoring_subset,
+                                 with_subset)
 from domains.code.program import assemble, call_output_matches, futures_first, stdout_matches, typing_preamble
 from domains.verify.sandbox import SandboxConfig, SandboxProcess, SandboxUnavailable, run_script, self_test
 from domains.verify.sandbox_harness import decode_value
@@ -57,6 +59,8 @@ class CodeConfig(DomainConfig):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     reward: Literal["all_pass", "fraction"] = "all_pass"
     max_tests: int | None = Field(None, ge=1)  # run at most this many cases per task
+    # a rotating subset of the hidden tests scores each training draw (off by default: domains.code.hidden)
+    hidden_tests: HiddenTestsConfig = Field(default_factory=HiddenTestsConfig)
     unsafe_no_sandbox: bool = False  # run code WITHOUT isolation (warned about on every call)
 
     @model_validator(mode="after")
@@ -177,7 +181,7 @@ def _start(config: CodeConfig, code: str, entry: str, outcome: _Outcome) -> _Cal
 
 
 def run_call_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Outcome:
-    cases = payload["cases"][: config.max_tests]
+    cases = scored_cases(payload)[: config.max_tests]
     outcome = _Outcome(len(cases))
     program = futures_first(typing_preamble(code) + code)
     caller = _start(config, program, payload["entry_point"], outcome)
@@ -355,7 +359,7 @@ def _run_trusted(code: str, namespace: dict[str, Any]) -> None:
 
 # -- stdin/stdout tests ---------------------------------------------------------------------------
 def run_stdio_tests(config: CodeConfig, code: str, payload: dict[str, Any]) -> _Outcome:
-    cases = payload["cases"][: config.max_tests]
+    cases = scored_cases(payload)[: config.max_tests]
     outcome = _Outcome(len(cases))
     # One sandbox per case: stop before the pool's hard deadline would kill this worker mid-run.
     budget_end = time.monotonic() + config.verify_timeout_s - config.sandbox.wall_timeout_s - 1.0
@@ -413,6 +417,8 @@ def verify_code(config: CodeConfig, payload: dict[str, Any], completion: str) ->
     if entry and not _binds(tree, entry):  # early-training junk: no sandbox start needed
         return VerifyResult.failure(Status.FORMAT_ERROR, f"the code does not define {entry!r}")
     result = RUNNERS[payload["format"]](config, code, payload).result(config.reward)
+    if SCORED_KEY in payload:  # which tests scored it: `palestra replay` rebuilds the task from this
+        result.details[SCORED_KEY] = list(payload[SCORED_KEY])
     if config.unsafe_no_sandbox:
         result.details["unsafe_no_sandbox"] = True
     return result
@@ -447,3 +453,20 @@ class CodeDomain(Domain):
 
     def reference(self, task: Task) -> str | None:
         return task.payload.get("reference")
+
+    @property
+    def rotates(self) -> bool:
+        return self.config.hidden_tests.score is not None
+
+    @property
+    def counts_draws(self) -> bool:
+        return self.rotates and self.config.hidden_tests.rotate == "epoch"
+
+    def drawn(self, task: Task, step: int, visit: int) -> Task:
+        hidden = self.config.hidden_tests
+        subset = scoring_subset(task, hidden, step if hidden.rotate == "step" else visit)
+        TOO_FEW.note(task, hidden)
+        return with_subset(task, subset)
+
+    def heldout(self, level: int, n: int, seed: int) -> list[Task]:
+        return [heldout_version(t, self.config.hidden_tests) for t in super().heldout(level, n, seed)]

@@ -21,13 +21,18 @@ follows BFCL's Python AST checker (``ast_checker.py``), rewritten here:
   numbers by ``==`` (so ``5 == 5.0``).
 
 Levels are BFCL's categories: 1 simple, 2 multiple (pick one of several functions), 3 parallel,
-4 parallel-multiple (``live_`` rows join the same levels). Other categories (irrelevance, Java,
-JavaScript, multi-turn) are not read.
+4 parallel-multiple (``live_`` rows join the same levels). Both published namings are read: v4's
+``simple_python_N`` and v3's ``simple_N`` are the same Python category. The other categories
+(irrelevance, relevance, Java, JavaScript, multi-turn, memory, web search, format sensitivity)
+are not Python single-call tasks: a file's rows of them are skipped and counted in the log, and
+one given to ``palestra verify`` is refused by name.
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +41,25 @@ from domains.tools.calls import Call, CallFormatError, call_from_json, loads_str
 
 MAX_ANSWER_CHARS = 65_536  # BFCL arguments can be long (code, text); still bounded
 LEVELS = {"simple": 1, "multiple": 2, "parallel": 3, "parallel_multiple": 4}
+# BFCL v4 names its Python simple category ``simple_python`` (beside ``simple_java`` and
+# ``simple_javascript``); v3 called it ``simple``. One level for both.
+ALIASES = {"simple_python": "simple"}
 TYPES = {"string": str, "integer": int, "float": float, "number": float, "boolean": bool,
          "array": list, "tuple": list, "dict": dict, "object": dict, "any": str}
 SYSTEM = ("Call the function(s) that answer the user, as <tool_call>{\"name\":...,\"arguments\":{...}}"
           "</tool_call>. Functions: ")
 
 
+log = logging.getLogger("palestra.bfcl")
+
+
 def category(row_id: str) -> str:
-    """``simple_12`` -> ``simple``; ``live_parallel_multiple_3-1-0`` -> ``parallel_multiple``."""
-    name = re.sub(r"_\d[\d-]*$", "", row_id)
-    return name[len("live_"):] if name.startswith("live_") else name
+    """``simple_12`` and ``simple_python_12`` -> ``simple``; ``live_parallel_multiple_3-1-0`` ->
+    ``parallel_multiple``; a category this domain does not score comes back as named
+    (``simple_java``, ``irrelevance``)."""
+    name = re.sub(r"_\d.*$", "", row_id)  # v4's memory rows run on: ``memory_0-customer-0``
+    name = name[len("live_"):] if name.startswith("live_") else name
+    return ALIASES.get(name, name)
 
 
 def standardize_string(text: str) -> str:
@@ -76,7 +90,8 @@ def row_to_task(row: dict[str, Any], domain: str) -> Task:
         raise ValueError(f"BFCL row lacks {', '.join(sorted(missing))}")
     kind = category(str(row["id"]))
     if kind not in LEVELS:
-        raise ValueError(f"BFCL category {kind!r} (row {row['id']}) is not a single-call category")
+        raise ValueError(f"BFCL category {kind!r} (row {row['id']}) is not scored here: only the Python "
+                         f"single-call categories are ({', '.join(LEVELS)}, their live_ rows, v4's simple_python)")
     functions, truth = row["function"], row["ground_truth"]
     functions = functions if isinstance(functions, list) else [functions]
     if not isinstance(truth, list) or not all(isinstance(t, dict) and len(t) == 1 for t in truth):
@@ -228,7 +243,10 @@ def reference_calls(functions: list[dict], truth: list[dict]) -> str:
     for entry in truth:
         (name, params), = entry.items()
         properties = by_name.get(name, {}).get("parameters", {}).get("properties", {})
-        arguments = {p: _pick(values, properties.get(p, {})) for p, values in params.items() if _first(values) != ""}
+        # an optional parameter the schema does not name (BFCL's ground truth has some) is left out:
+        # the checker rejects a parameter outside the schema
+        arguments = {p: _pick(values, properties.get(p, {})) for p, values in params.items()
+                     if _first(values) != "" and not ("" in values and p not in properties)}
         blocks.append(render_call(name, **arguments))
     return "".join(blocks)
 
@@ -250,6 +268,8 @@ class BFCLDomain(TaskListDomain):
         super().__init__(config, **options)
         self.tasks: list[Task] = []
         self.answers: dict[str, Any] = {}
+        self.skipped: dict[str, int] = {}  # rows of the file in categories not scored, by category
+        self.unanswerable: list[str] = []  # ids of rows left out: no call passes their ground truth
 
     def _on_configure(self) -> None:
         self.answers = {}
@@ -258,15 +278,44 @@ class BFCLDomain(TaskListDomain):
                 self.answers[row["id"]] = row["ground_truth"]
             except (KeyError, TypeError) as exc:
                 raise ValueError(f"{where}: an answer row needs id and ground_truth ({type(exc).__name__}: {exc})") from None
-        self.tasks = []
+        tasks, skipped = self._read_rows()
+        # A row whose ground truth contradicts its own schema (a required parameter with no
+        # acceptable value, one the schema does not name) has no answer that BFCL's checks pass:
+        # training on it would only teach that the right call is wrong. Left out, and named.
+        self.tasks = [t for t in tasks if self._answerable(t)]
+        self.unanswerable = sorted({t.meta["bfcl_id"] for t in tasks} - {t.meta["bfcl_id"] for t in self.tasks})
+        self.skipped = dict(skipped)
+        if skipped:
+            counts = ", ".join(f"{kind} {n}" for kind, n in sorted(skipped.items()))
+            log.info("%s: %d tasks read from %s; skipped %d rows of categories not scored here (%s)",
+                     self.name, len(self.tasks), self.config.path, sum(skipped.values()), counts)
+        if self.unanswerable:
+            log.warning("%s: left out %d rows of %s that no call can pass (their ground truth contradicts "
+                        "their schema): %s", self.name, len(self.unanswerable), self.config.path,
+                        ", ".join(self.unanswerable[:8]) + (", …" if len(self.unanswerable) > 8 else ""))
+
+    def _answerable(self, task: Task) -> bool:
+        try:
+            return self.verify(task, self.reference(task)).correct
+        except (KeyError, TypeError, ValueError):  # ground truth too broken to write a call from
+            return False
+
+    def _read_rows(self) -> tuple[list[Task], Counter[str]]:
+        """The file's rows of the categories scored here as tasks, and a count of the others."""
+        tasks: list[Task] = []
+        skipped: Counter[str] = Counter()
         for where, row in _jsonl(self.config.path):
             if not isinstance(row, dict):
                 raise ValueError(f"{where}: a row must be a JSON object")
-            if category(str(row.get("id", ""))) in LEVELS:  # other categories are skipped, not errors
-                try:
-                    self.tasks.append(self.task_from_json(row))
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise ValueError(f"{where}: {type(exc).__name__}: {exc}") from None
+            kind = category(str(row.get("id", "")))
+            if kind not in LEVELS:  # other categories are skipped, not errors
+                skipped[kind] += 1
+                continue
+            try:
+                tasks.append(self.task_from_json(row))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{where}: {type(exc).__name__}: {exc}") from None
+        return tasks, skipped
 
     def task_from_json(self, data: dict[str, Any]) -> Task:
         """A Task's JSON or a raw BFCL row (``palestra verify --domain bfcl`` with no flags)."""

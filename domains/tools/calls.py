@@ -168,7 +168,8 @@ def offer_tools(messages: list[dict[str, Any]], template_takes_tools: bool) -> t
     return [{"role": offered["role"], "content": content} if m is offered else m for m in messages], None
 
 
-def render_call(name: str, **arguments: Any) -> str:
-    """A call as the reference transcripts write it: compact JSON, short enough for a tiny model."""
+def render_call(name: str, /, **arguments: Any) -> str:
+    """A call as the reference transcripts write it: compact JSON, short enough for a tiny model. ``name``
+    is positional only: a tool may have a parameter called ``name``."""
     body = json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"), ensure_ascii=False)
     return f"{OPEN}{body}{CLOSE}"
