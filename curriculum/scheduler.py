@@ -95,16 +95,22 @@ class Scheduler:
         """
         t = self.table
         offset = np.random.default_rng([self.seed, int(step), 1]).random(len(self.domains))
-        shares = self.controller.shares()
-        counts: dict[tuple[str, int], int] = {}
-        for d in np.nonzero(per_domain)[0]:  # only domains that got prompts (<= prompts_per_step)
-            lo, n = t.offset[d], t.n_levels[d]
-            cum = np.cumsum(shares[lo:lo + n])
-            edges = np.floor(cum / cum[-1] * per_domain[d] + offset[d]).astype(np.int64)
-            given = np.diff(np.concatenate([[int(np.floor(offset[d]))], edges]))
-            for i in np.nonzero(given)[0]:
-                counts[(self.domains[d], int(t.values[lo + i]))] = int(given[i])
-        return counts
+        active = np.nonzero(per_domain)[0]  # only domains that got prompts (<= prompts_per_step)
+        # One row per active domain, its levels' shares left-aligned and padded with zeros: cumsum
+        # along a row adds in the same order as over the domain's own slice, so the edges are the
+        # same floats as domain by domain.
+        n = t.n_levels[active]
+        row, col = np.nonzero(np.arange(n.max(initial=0)) < n[:, None])
+        cells = t.offset[active][row] + col
+        padded = np.zeros((len(active), n.max(initial=0)))
+        padded[row, col] = self.controller.shares()[cells]
+        cum = np.cumsum(padded, axis=1)
+        edges = np.floor(cum / cum[np.arange(len(active)), n - 1][:, None] * per_domain[active][:, None]
+                         + offset[active][:, None]).astype(np.int64)
+        given = np.diff(edges, axis=1, prepend=np.floor(offset[active])[:, None].astype(np.int64))[row, col]
+        names, values = self.domains, t.values
+        return {(names[d], int(v)): int(g) for d, v, g in
+                zip(active[row][given > 0].tolist(), values[cells][given > 0].tolist(), given[given > 0].tolist())}
 
     # -- record -------------------------------------------------------------------------------
     def record(self, step: int, outcomes: list[Outcome], metrics: dict | None = None,
