@@ -33,7 +33,7 @@ from curriculum.difficulty import LevelTable
 from curriculum.signals import Signals, StepCounts
 from curriculum.schema import is_in_memory_sqlite
 from curriculum.store import StatsStore
-from curriculum.types import Outcome, Plan
+from curriculum.types import GroupArrays, Outcome, Plan
 
 STATE_VERSION = 1
 
@@ -113,7 +113,7 @@ class Scheduler:
                 zip(active[row][given > 0].tolist(), values[cells][given > 0].tolist(), given[given > 0].tolist())}
 
     # -- record -------------------------------------------------------------------------------
-    def record(self, step: int, outcomes: list[Outcome], metrics: dict | None = None,
+    def record(self, step: int, outcomes: list[Outcome] | GroupArrays, metrics: dict | None = None,
                tasks: dict[str, dict] | None = None) -> None:
         """Write the step to the store (one transaction), then let signals, controller and policy learn.
 
@@ -131,7 +131,9 @@ class Scheduler:
         if self._writer is not None:
             # The writer gets its own copies: the trainer keeps adding to its metrics dict after
             # record returns, and a dict that grows while the writer serialises it breaks the write.
-            self._writer.submit(self.run_id, step, plan, list(outcomes), dict(metrics or {}),
+            # (GroupArrays are the caller's own arrays, not a list it appends to: kept as they are)
+            rows = outcomes if isinstance(outcomes, GroupArrays) else list(outcomes)
+            self._writer.submit(self.run_id, step, plan, rows, dict(metrics or {}),
                                 self._stat_rows(cells), dict(tasks or {}))
         elif self.store is not None:
             self.store.write_step(self.run_id, step, plan, outcomes, metrics,
@@ -141,7 +143,7 @@ class Scheduler:
         if self._writer is not None:
             self._writer.raise_if_failed()  # after _apply: the state includes this step either way
 
-    def aggregate(self, outcomes: list[Outcome]) -> CellCounts:
+    def aggregate(self, outcomes: list[Outcome] | GroupArrays) -> CellCounts:
         """Per-cell sums of one step's outcomes; a group is the outcomes sharing ``group``."""
         return cell_counts(outcomes, self.table)
 
