@@ -37,6 +37,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA_VERSION = 2  # a new version needs a step in curriculum.migrations
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # parallel sweep runs may share one SQLite file
+SQLITE_PAGE_SIZE = 16_384
 
 # BIGINT autoincrement is spelled differently per backend; SQLite only autoincrements INTEGER.
 _RowId = BigInteger().with_variant(Integer(), "sqlite")
@@ -212,6 +213,9 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any, wal: bool = True) -> None:
     cur = dbapi_conn.cursor()
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")  # first: switching to WAL may wait
     if wal:  # the mode is stored in the file: a reader leaves a file as it found it
+        # A new file only (an existing one keeps its size): a step's row of arrays is about 1.3 KB,
+        # and a 4 KB page holds two of them; 16 KB pages waste a tenth instead of a third.
+        cur.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
         cur.execute("PRAGMA journal_mode=WAL")  # readers (dashboards) never block the writer
     cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
     cur.execute("PRAGMA foreign_keys=ON")
