@@ -52,7 +52,7 @@ class Scheduler:
         self.store, self.run_id = store, run_id
         if store is not None and run_id is None:
             self.run_id = store.start_run("scheduler", self.describe(), self.seed)
-        self._writer = _WriteBehind(store) if (store is not None and write_behind) else None
+        self._writer = _WriteBehind(store, self.table) if (store is not None and write_behind) else None
         self._reset()
 
     def describe(self) -> dict:
@@ -134,7 +134,7 @@ class Scheduler:
             # (GroupArrays are the caller's own arrays, not a list it appends to: kept as they are)
             rows = outcomes if isinstance(outcomes, GroupArrays) else list(outcomes)
             self._writer.submit(self.run_id, step, plan, rows, dict(metrics or {}),
-                                self._stat_rows(cells), dict(tasks or {}))
+                                cells, dict(tasks or {}))
         elif self.store is not None:
             self.store.write_step(self.run_id, step, plan, outcomes, metrics,
                                   step_stats=self._stat_rows(cells), tasks=tasks)
@@ -253,10 +253,10 @@ class _WriteBehind:
     re-writes the missing steps, since writes are idempotent per (run, step).
     """
 
-    def __init__(self, store: StatsStore) -> None:
+    def __init__(self, store: StatsStore, table: LevelTable) -> None:
         if is_in_memory_sqlite(store.engine.url):
             raise ValueError("write_behind needs a file or server database (in-memory SQLite is per thread)")
-        self.store = store
+        self.store, self.table = store, table
         self.queue: queue.Queue = queue.Queue(maxsize=4)
         self.error: BaseException | None = None
         self.unwritten: list[tuple] = []  # items not written after a failure (write_step arguments)
@@ -269,24 +269,29 @@ class _WriteBehind:
             self.queue.put(None)
             self.thread.join(timeout=60)
 
-    def submit(self, run_id: str, step: int, plan: Plan, outcomes: list[Outcome], metrics: dict | None,
-               stat_rows: list[dict], tasks: dict[str, dict] | None = None) -> None:
-        self.queue.put((run_id, step, plan, outcomes, metrics, stat_rows, tasks))
+    def submit(self, run_id: str, step: int, plan: Plan, outcomes: list[Outcome] | GroupArrays,
+               metrics: dict | None, cells: CellCounts, tasks: dict[str, dict] | None = None) -> None:
+        """Queue a step; its ``step_stats`` rows are built from ``cells`` on the writer thread,
+        off the trainer's."""
+        self.queue.put((run_id, step, plan, outcomes, metrics, cells, tasks))
 
     def _loop(self) -> None:
         while True:
             item = self.queue.get()
+            if item is None:
+                self.queue.task_done()
+                return
+            run_id, step, plan, outcomes, metrics, cells, tasks = item
+            args = item  # until its rows are built
             try:
-                if item is None:
-                    return
+                args = (run_id, step, plan, outcomes, metrics, stat_rows(cells, self.table), tasks)
                 if self.error is None:
-                    run_id, step, plan, outcomes, metrics, stat_rows, tasks = item
-                    self.store.write_step(run_id, step, plan, outcomes, metrics, step_stats=stat_rows, tasks=tasks)
+                    self.store.write_step(*args[:5], step_stats=args[5], tasks=tasks)
                 else:
-                    self.unwritten.append(item)  # kept, in order, for the checkpoint
+                    self.unwritten.append(args)  # kept, in order, for the checkpoint
             except BaseException as exc:  # handed to the trainer's thread by _raise
                 self.error = exc
-                self.unwritten.append(item)
+                self.unwritten.append(args)
             finally:
                 self.queue.task_done()
 
