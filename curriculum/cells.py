@@ -13,7 +13,7 @@ import numpy as np
 
 from curriculum.difficulty import LevelTable
 from curriculum.signals import StepCounts
-from curriculum.types import spread_is_zero
+from curriculum.types import GroupArrays, spread_is_zero
 
 if TYPE_CHECKING:
     from curriculum.types import Outcome
@@ -23,12 +23,14 @@ if TYPE_CHECKING:
 CellCounts = StepCounts
 
 
-def cell_counts(outcomes: "list[Outcome]", table: LevelTable) -> CellCounts:
+def cell_counts(outcomes: "list[Outcome] | GroupArrays", table: LevelTable) -> CellCounts:
     """Per-cell sums of one step's outcomes; a group is the outcomes sharing ``group``, counted in
     the cell of its first completion, and has zero variance when its rewards all agree."""
     n_cells, n = table.n_cells, len(outcomes)
     if n == 0:
         return CellCounts.zeros(n_cells)
+    if isinstance(outcomes, GroupArrays):
+        return _group_cell_counts(outcomes, table)
     cell = np.fromiter((cell_of(table, o) for o in outcomes), np.int64, n)
     reward = np.fromiter((o.reward for o in outcomes), float, n)
     correct = np.fromiter((o.correct for o in outcomes), float, n)
@@ -43,6 +45,23 @@ def cell_counts(outcomes: "list[Outcome]", table: LevelTable) -> CellCounts:
     count = lambda idx, w=None: np.bincount(idx, weights=w, minlength=n_cells).astype(float)  # noqa: E731
     return CellCounts(count(cell), count(cell, correct), count(cell, reward), count(cell, abs_adv),
                       count(group_cell, spread_is_zero(lo, hi).astype(float)), count(group_cell))
+
+
+def _group_cell_counts(groups: GroupArrays, table: LevelTable) -> CellCounts:
+    """``cell_counts`` of outcomes given group by group: the same sums, added in the same order
+    (group by group, completion by completion), without a Python step per completion."""
+    try:
+        group_cell = np.array([table.cell[key] for key in zip(groups.domains, groups.levels.tolist())], np.int64)
+    except KeyError as exc:
+        raise ValueError(f"outcome for unknown domain/level {exc.args[0]!r}") from None
+    size = groups.reward.shape[1]
+    cell = np.repeat(group_cell, size)
+    count = lambda idx, w=None: np.bincount(idx, weights=w, minlength=table.n_cells).astype(float)  # noqa: E731
+    reward = groups.reward.astype(float)
+    agree = spread_is_zero(reward.min(axis=1), reward.max(axis=1)).astype(float)
+    return CellCounts(count(cell), count(cell, groups.correct.astype(float).ravel()), count(cell, reward.ravel()),
+                      count(cell, np.abs(groups.advantage.astype(float)).ravel()), count(group_cell, agree),
+                      count(group_cell))
 
 
 def cell_of(table: LevelTable, o: "Outcome") -> int:

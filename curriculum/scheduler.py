@@ -33,7 +33,7 @@ from curriculum.difficulty import LevelTable
 from curriculum.signals import Signals, StepCounts
 from curriculum.schema import is_in_memory_sqlite
 from curriculum.store import StatsStore
-from curriculum.types import Outcome, Plan
+from curriculum.types import GroupArrays, Outcome, Plan
 
 STATE_VERSION = 1
 
@@ -52,7 +52,7 @@ class Scheduler:
         self.store, self.run_id = store, run_id
         if store is not None and run_id is None:
             self.run_id = store.start_run("scheduler", self.describe(), self.seed)
-        self._writer = _WriteBehind(store) if (store is not None and write_behind) else None
+        self._writer = _WriteBehind(store, self.table) if (store is not None and write_behind) else None
         self._reset()
 
     def describe(self) -> dict:
@@ -95,19 +95,25 @@ class Scheduler:
         """
         t = self.table
         offset = np.random.default_rng([self.seed, int(step), 1]).random(len(self.domains))
-        shares = self.controller.shares()
-        counts: dict[tuple[str, int], int] = {}
-        for d in np.nonzero(per_domain)[0]:  # only domains that got prompts (<= prompts_per_step)
-            lo, n = t.offset[d], t.n_levels[d]
-            cum = np.cumsum(shares[lo:lo + n])
-            edges = np.floor(cum / cum[-1] * per_domain[d] + offset[d]).astype(np.int64)
-            given = np.diff(np.concatenate([[int(np.floor(offset[d]))], edges]))
-            for i in np.nonzero(given)[0]:
-                counts[(self.domains[d], int(t.values[lo + i]))] = int(given[i])
-        return counts
+        active = np.nonzero(per_domain)[0]  # only domains that got prompts (<= prompts_per_step)
+        # One row per active domain, its levels' shares left-aligned and padded with zeros: cumsum
+        # along a row adds in the same order as over the domain's own slice, so the edges are the
+        # same floats as domain by domain.
+        n = t.n_levels[active]
+        row, col = np.nonzero(np.arange(n.max(initial=0)) < n[:, None])
+        cells = t.offset[active][row] + col
+        padded = np.zeros((len(active), n.max(initial=0)))
+        padded[row, col] = self.controller.shares()[cells]
+        cum = np.cumsum(padded, axis=1)
+        edges = np.floor(cum / cum[np.arange(len(active)), n - 1][:, None] * per_domain[active][:, None]
+                         + offset[active][:, None]).astype(np.int64)
+        given = np.diff(edges, axis=1, prepend=np.floor(offset[active])[:, None].astype(np.int64))[row, col]
+        names, values = self.domains, t.values
+        return {(names[d], int(v)): int(g) for d, v, g in
+                zip(active[row][given > 0].tolist(), values[cells][given > 0].tolist(), given[given > 0].tolist())}
 
     # -- record -------------------------------------------------------------------------------
-    def record(self, step: int, outcomes: list[Outcome], metrics: dict | None = None,
+    def record(self, step: int, outcomes: list[Outcome] | GroupArrays, metrics: dict | None = None,
                tasks: dict[str, dict] | None = None) -> None:
         """Write the step to the store (one transaction), then let signals, controller and policy learn.
 
@@ -125,8 +131,10 @@ class Scheduler:
         if self._writer is not None:
             # The writer gets its own copies: the trainer keeps adding to its metrics dict after
             # record returns, and a dict that grows while the writer serialises it breaks the write.
-            self._writer.submit(self.run_id, step, plan, list(outcomes), dict(metrics or {}),
-                                self._stat_rows(cells), dict(tasks or {}))
+            # (GroupArrays are the caller's own arrays, not a list it appends to: kept as they are)
+            rows = outcomes if isinstance(outcomes, GroupArrays) else list(outcomes)
+            self._writer.submit(self.run_id, step, plan, rows, dict(metrics or {}),
+                                cells, dict(tasks or {}))
         elif self.store is not None:
             self.store.write_step(self.run_id, step, plan, outcomes, metrics,
                                   step_stats=self._stat_rows(cells), tasks=tasks)
@@ -135,7 +143,7 @@ class Scheduler:
         if self._writer is not None:
             self._writer.raise_if_failed()  # after _apply: the state includes this step either way
 
-    def aggregate(self, outcomes: list[Outcome]) -> CellCounts:
+    def aggregate(self, outcomes: list[Outcome] | GroupArrays) -> CellCounts:
         """Per-cell sums of one step's outcomes; a group is the outcomes sharing ``group``."""
         return cell_counts(outcomes, self.table)
 
@@ -245,10 +253,10 @@ class _WriteBehind:
     re-writes the missing steps, since writes are idempotent per (run, step).
     """
 
-    def __init__(self, store: StatsStore) -> None:
+    def __init__(self, store: StatsStore, table: LevelTable) -> None:
         if is_in_memory_sqlite(store.engine.url):
             raise ValueError("write_behind needs a file or server database (in-memory SQLite is per thread)")
-        self.store = store
+        self.store, self.table = store, table
         self.queue: queue.Queue = queue.Queue(maxsize=4)
         self.error: BaseException | None = None
         self.unwritten: list[tuple] = []  # items not written after a failure (write_step arguments)
@@ -261,24 +269,29 @@ class _WriteBehind:
             self.queue.put(None)
             self.thread.join(timeout=60)
 
-    def submit(self, run_id: str, step: int, plan: Plan, outcomes: list[Outcome], metrics: dict | None,
-               stat_rows: list[dict], tasks: dict[str, dict] | None = None) -> None:
-        self.queue.put((run_id, step, plan, outcomes, metrics, stat_rows, tasks))
+    def submit(self, run_id: str, step: int, plan: Plan, outcomes: list[Outcome] | GroupArrays,
+               metrics: dict | None, cells: CellCounts, tasks: dict[str, dict] | None = None) -> None:
+        """Queue a step; its ``step_stats`` rows are built from ``cells`` on the writer thread,
+        off the trainer's."""
+        self.queue.put((run_id, step, plan, outcomes, metrics, cells, tasks))
 
     def _loop(self) -> None:
         while True:
             item = self.queue.get()
+            if item is None:
+                self.queue.task_done()
+                return
+            run_id, step, plan, outcomes, metrics, cells, tasks = item
+            args = item  # until its rows are built
             try:
-                if item is None:
-                    return
+                args = (run_id, step, plan, outcomes, metrics, stat_rows(cells, self.table), tasks)
                 if self.error is None:
-                    run_id, step, plan, outcomes, metrics, stat_rows, tasks = item
-                    self.store.write_step(run_id, step, plan, outcomes, metrics, step_stats=stat_rows, tasks=tasks)
+                    self.store.write_step(*args[:5], step_stats=args[5], tasks=tasks)
                 else:
-                    self.unwritten.append(item)  # kept, in order, for the checkpoint
+                    self.unwritten.append(args)  # kept, in order, for the checkpoint
             except BaseException as exc:  # handed to the trainer's thread by _raise
                 self.error = exc
-                self.unwritten.append(item)
+                self.unwritten.append(args)
             finally:
                 self.queue.task_done()
 

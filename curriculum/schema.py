@@ -1,11 +1,16 @@
 """The store's tables and engine (SQLAlchemy 2), apart from the code that reads and writes them.
 
-Tables: runs; results (one row per completion, the completion zlib-compressed); step_stats (per
-step and (domain, level)); plans (per step, one row per domain that got prompts); plan_vectors (per
-step, the full weight and level vectors as JSON lists — a row per domain per step would dominate
-the write at a thousand domains); metrics (per step, JSON); tasks (what a run trained on, for
-replay); meta (schema_version); prompt_steps and prompt_stats (per prompt, for the within-domain
-PromptSelector). Only portable column types: the same schema serves SQLite and PostgreSQL.
+Tables: runs; results (one row per completion, the completion zlib-compressed); run_domains (a
+run's domain names, once) and step_arrays (per step, the plan and the per-(domain, level)
+statistics as compressed binary arrays, see ``curriculum.store_arrays``); metrics (per step,
+JSON); tasks (what a run trained on, for replay); meta (schema_version); prompt_steps and
+prompt_stats (per prompt, for the within-domain PromptSelector). Only portable column types: the
+same schema serves SQLite and PostgreSQL.
+
+Version 1 stores kept the plan and statistics as rows instead — step_stats (per step and (domain,
+level)), plans (per step and domain that got prompts), plan_vectors (per step, JSON lists). Those
+tables stay, so steps written before an upgrade read as they were; nothing new is written to them.
+How a store moves from one version to the next is in ``curriculum.migrations``.
 """
 from __future__ import annotations
 
@@ -30,8 +35,9 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # a new version needs a step in curriculum.migrations
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # parallel sweep runs may share one SQLite file
+SQLITE_PAGE_SIZE = 16_384
 
 # BIGINT autoincrement is spelled differently per backend; SQLite only autoincrements INTEGER.
 _RowId = BigInteger().with_variant(Integer(), "sqlite")
@@ -120,6 +126,26 @@ class PlanVectorRow(Base):
     levels: Mapped[list] = mapped_column(JSON)
 
 
+class RunDomainsRow(Base):
+    """A run's domain names in plan order, written with its first step: the index of ``step_arrays``."""
+
+    __tablename__ = "run_domains"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    domains: Mapped[list] = mapped_column(JSON)
+
+
+class StepArrayRow(Base):
+    """One step's plan and statistics as compressed arrays (layout in ``curriculum.store_arrays``)."""
+
+    __tablename__ = "step_arrays"
+    run_id: Mapped[str] = _run_key()
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    weights: Mapped[bytes] = mapped_column(LargeBinary)
+    levels: Mapped[bytes] = mapped_column(LargeBinary)
+    prompts: Mapped[bytes] = mapped_column(LargeBinary)
+    cells: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class MetricRow(Base):
     __tablename__ = "metrics"
     run_id: Mapped[str] = _run_key()
@@ -176,7 +202,8 @@ class MetaRow(Base):
     value: Mapped[str] = mapped_column(String(200))
 
 
-STEP_TABLES = (ResultRow, StepStatRow, PlanRow, PlanVectorRow, MetricRow)
+# Every table with a row per (run, step): rewriting or discarding a step clears them all.
+STEP_TABLES = (ResultRow, StepArrayRow, StepStatRow, PlanRow, PlanVectorRow, MetricRow)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any, wal: bool = True) -> None:
@@ -186,6 +213,9 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any, wal: bool = True) -> None:
     cur = dbapi_conn.cursor()
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")  # first: switching to WAL may wait
     if wal:  # the mode is stored in the file: a reader leaves a file as it found it
+        # A new file only (an existing one keeps its size): a step's row of arrays is about 1.3 KB,
+        # and a 4 KB page holds two of them; 16 KB pages waste a tenth instead of a third.
+        cur.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
         cur.execute("PRAGMA journal_mode=WAL")  # readers (dashboards) never block the writer
     cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
     cur.execute("PRAGMA foreign_keys=ON")

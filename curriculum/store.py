@@ -26,24 +26,23 @@ from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from sqlalchemy import delete, func, insert, inspect, select, update
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 
 from curriculum.cells import aggregate_outcomes
+from curriculum.migrations import upgrade
 from curriculum.schema import (
     SCHEMA_VERSION,
     STEP_TABLES,
     Base,
     MetaRow,
     MetricRow,
-    PlanRow,
-    PlanVectorRow,
     PromptStatRow,
     PromptStepRow,
     ResultRow,
+    RunDomainsRow,
     RunRow,
-    StepStatRow,
+    StepArrayRow,
     TaskRow,
     make_engine,
 )
@@ -56,6 +55,7 @@ from curriculum.store_prompts import (
     stale_prompts,
     stored_prompt_totals,
 )
+from curriculum.store_arrays import encode_step
 from curriculum.store_read import StoreReads
 from curriculum.store_urls import URL_HINT, default_store_url, shown_url, without_password
 from domains.api import one_line
@@ -108,6 +108,7 @@ class StatsStore(StoreReads):
         # ~15 s of back-off in all: rides out a busy file or a server restart, not an outage
         self.retry_delays_s: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
         self._insert_cache: dict[tuple, str] = {}
+        self._domains_known: dict[str, list[str]] = {}  # run -> its stored domain list (run_domains)
         if create:
             self._create_schema()
         else:
@@ -162,7 +163,10 @@ class StatsStore(StoreReads):
             found = conn.execute(select(MetaRow.value).where(MetaRow.key == "schema_version")).scalar()
             if found is None and create:
                 conn.execute(insert(MetaRow).values(key="schema_version", value=str(SCHEMA_VERSION)))
-                return
+                found = SCHEMA_VERSION
+            elif found is not None and create and int(found) < SCHEMA_VERSION:
+                upgrade(conn, int(found))
+                found = SCHEMA_VERSION
         if found is None:
             raise self._not_a_store("no schema version")
         if int(found) > SCHEMA_VERSION:
@@ -170,6 +174,7 @@ class StatsStore(StoreReads):
                 f"database {self.safe_url!r} has schema version {found}, newer than this Palestra "
                 f"understands ({SCHEMA_VERSION}); upgrade Palestra or use another database"
             )
+        self.layout_version = int(found)  # what the readers may find (a read-only open upgrades nothing)
 
     @property
     def schema_version(self) -> int:
@@ -210,11 +215,10 @@ class StatsStore(StoreReads):
         """
         stats = step_stats if step_stats is not None else aggregate_outcomes(outcomes)
         result_rows = _ResultColumns([_result_row(run_id, step, o) for o in outcomes])
-        stat_rows = [{"run_id": run_id, "step": step, **s} for s in stats]
-        plan_rows = _plan_rows(run_id, step, plan)
+        arrays = {"run_id": run_id, "step": step, **encode_step(plan, stats)}
         self._retrying(f"writing step {step}",
-                       lambda: self._write_step_once(run_id, step, plan, metrics, result_rows, stat_rows, plan_rows,
-                                                     tasks))
+                       lambda: self._write_step_once(run_id, step, plan.domains, metrics, result_rows, arrays, tasks))
+        self._domains_known[run_id] = list(plan.domains)  # committed: later steps need not look
 
     def _retrying(self, what: str, action: Any) -> Any:
         for delay in (*self.retry_delays_s, None):
@@ -230,19 +234,29 @@ class StatsStore(StoreReads):
                     self.engine.dispose()  # drop the pool's dead connections before trying again
                 time.sleep(delay)
 
-    def _write_step_once(self, run_id, step, plan, metrics, result_rows, stat_rows, plan_rows, tasks) -> None:
+    def _write_step_once(self, run_id, step, domains, metrics, result_rows, arrays, tasks) -> None:
         with self.engine.begin() as conn:
             if tasks:
                 self._insert_new_tasks(conn, run_id, tasks)
+            self._note_domains(conn, run_id, domains)
             for table in STEP_TABLES:  # delete first: re-writing a step replaces it
                 conn.execute(delete(table).where(table.run_id == run_id, table.step == step))
-            for table, rows in ((ResultRow, result_rows), (StepStatRow, stat_rows), (PlanRow, plan_rows)):
-                self._bulk_insert(conn, table, rows)
-            conn.execute(insert(PlanVectorRow), [_plan_vector_row(run_id, step, plan)])
+            self._bulk_insert(conn, ResultRow, result_rows)
+            conn.execute(insert(StepArrayRow), [arrays])
             if metrics is not None:
                 conn.execute(insert(MetricRow), [{"run_id": run_id, "step": step, "values": _plain(metrics)}])
             conn.execute(update(RunRow).where(RunRow.id == run_id, RunRow.last_step < step)
                          .values(last_step=step))
+
+    def _note_domains(self, conn: Any, run_id: str, domains: list[str]) -> None:
+        """Store the run's domain list with its first step; every later step must plan the same."""
+        if self._domains_known.get(run_id) == domains:
+            return
+        stored = conn.execute(select(RunDomainsRow.domains).where(RunDomainsRow.run_id == run_id)).scalar()
+        if stored is None:
+            conn.execute(insert(RunDomainsRow), [{"run_id": run_id, "domains": list(domains)}])
+        elif list(stored) != list(domains):
+            raise ValueError(f"run {run_id} was stored with other domains than this step's plan")
 
     def _bulk_insert(self, conn: Any, table: type[Base], rows: list) -> None:
         """Insert many rows with multi-row ``INSERT ... VALUES (...), (...)`` statements.
@@ -373,24 +387,6 @@ def _result_row(run_id: str, step: int, o: "Outcome") -> tuple:
             bool(o.correct), str(getattr(o.status, "value", o.status)), float(o.advantage),
             o.prompt_hash, o.completion_hash, float(o.latency_s), _compress(o.completion),
             o.verifier_version)
-
-
-def _plan_rows(run_id: str, step: int, plan: "Plan") -> list[dict]:
-    """One row per domain that got prompts this step (the full vectors go to plan_vectors)."""
-    per_domain: dict[str, int] = {}
-    for (domain, _level), n in plan.counts.items():
-        per_domain[domain] = per_domain.get(domain, 0) + int(n)
-    index = {d: i for d, i in zip(plan.domains, range(len(plan.domains)))} if per_domain else {}
-    return [{"run_id": run_id, "step": step, "domain": d, "weight": float(plan.weights[index[d]]),
-             "level": int(plan.levels[index[d]]), "n_prompts": n}
-            for d, n in sorted(per_domain.items()) if n > 0]
-
-
-def _plan_vector_row(run_id: str, step: int, plan: "Plan") -> dict:
-    return {"run_id": run_id, "step": step, "domains": list(plan.domains),
-            "weights": np.asarray(plan.weights, dtype=float).tolist(),
-            "levels": [int(v) for v in np.asarray(plan.levels).tolist()]}
-
 
 
 def _one_element(value: Any) -> bool:

@@ -3,6 +3,10 @@
 ``StatsStore`` (``curriculum.store``) opens the database, checks its schema and writes; these
 methods only read, through ``self.reader`` (the engine with ``read_only=True``: SQLite reads take
 no write lock). Damaged compressed blobs read as None rather than stopping a replay or a report.
+
+A step's plan and statistics are in one of two layouts (``curriculum.store_arrays``): rows in the
+version-1 tables for steps written before the store was upgraded, one ``step_arrays`` row since.
+``step_stats``, ``plans`` and ``plan_vectors`` return the version-1 rows either way, in step order.
 """
 from __future__ import annotations
 
@@ -19,10 +23,13 @@ from curriculum.schema import (
     PromptStatRow,
     PromptStepRow,
     ResultRow,
+    RunDomainsRow,
     RunRow,
+    StepArrayRow,
     StepStatRow,
     TaskRow,
 )
+from curriculum.store_arrays import decode_plans, decode_stats, decode_vector
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -55,6 +62,31 @@ class StoreReads:
 
     reader: "Engine"
     safe_url: str
+    layout_version: int  # the store's schema version when opened: 1 has no step_arrays table
+
+    def _array_steps(self, run_id: str, decode) -> list[dict]:
+        """``decode(row, domains)`` of every ``step_arrays`` row of the run, in step order, flattened
+        when it returns a list."""
+        if self.layout_version < 2:
+            return []
+        t = StepArrayRow.__table__
+        with self.reader.connect() as conn:
+            domains = conn.execute(select(RunDomainsRow.domains).where(RunDomainsRow.run_id == run_id)).scalar()
+            rows = conn.execute(select(t).where(t.c.run_id == run_id).order_by(t.c.step)).mappings().all()
+        out: list[dict] = []
+        for row in rows:
+            decoded = decode(row, domains)
+            out += decoded if isinstance(decoded, list) else [decoded]
+        return out
+
+    def _both_layouts(self, run_id: str, table, order: tuple[str, ...], decode) -> list[dict]:
+        """The version-1 rows of ``table`` and the decoded ``step_arrays`` ones, in step order."""
+        query = select(table).where(table.c.run_id == run_id).order_by(*(table.c[c] for c in order))
+        with self.reader.connect() as conn:
+            old = [dict(r) for r in conn.execute(query).mappings().all()]
+        new = self._array_steps(run_id, decode)
+        # a step is in one layout or the other; sorted() is stable, so each step keeps its order
+        return sorted(old + new, key=lambda r: r["step"]) if old and new else old or new
 
     # -- runs ---------------------------------------------------------------------------------
     def runs(self) -> list[dict]:
@@ -95,25 +127,16 @@ class StoreReads:
                                     .where(ResultRow.run_id == run_id)).scalar())
 
     def step_stats(self, run_id: str) -> list[dict]:
-        table = StepStatRow.__table__
-        query = select(table).where(table.c.run_id == run_id)
-        with self.reader.connect() as conn:
-            rows = conn.execute(query.order_by(table.c.step, table.c.domain, table.c.level)).mappings().all()
-        return [dict(r) for r in rows]
+        """Per step and (domain, level) with attempts: the sums, ordered by step, domain, level."""
+        return self._both_layouts(run_id, StepStatRow.__table__, ("step", "domain", "level"), decode_stats)
 
     def plans(self, run_id: str) -> list[dict]:
-        table = PlanRow.__table__
-        query = select(table).where(table.c.run_id == run_id)
-        with self.reader.connect() as conn:
-            rows = conn.execute(query.order_by(table.c.step, table.c.domain)).mappings().all()
-        return [dict(r) for r in rows]
+        """Per step and domain that got prompts: weight, level, n_prompts; by step and domain."""
+        return self._both_layouts(run_id, PlanRow.__table__, ("step", "domain"), decode_plans)
 
     def plan_vectors(self, run_id: str) -> list[dict]:
         """Every step's full plan: {step, domains, weights, levels} (lists in domain order)."""
-        table = PlanVectorRow.__table__
-        query = select(table).where(table.c.run_id == run_id).order_by(table.c.step)
-        with self.reader.connect() as conn:
-            return [dict(r) for r in conn.execute(query).mappings().all()]
+        return self._both_layouts(run_id, PlanVectorRow.__table__, ("step",), decode_vector)
 
     def metrics(self, run_id: str) -> list[dict]:
         query = select(MetricRow.step, MetricRow.values).where(MetricRow.run_id == run_id)
@@ -137,16 +160,14 @@ class StoreReads:
 
     def domain_summary(self, run_id: str) -> list[dict]:
         """Per domain: attempts, successes, success_rate, and the latest planned weight and level."""
-        totals = (select(StepStatRow.domain, func.sum(StepStatRow.attempts).label("attempts"),
-                         func.sum(StepStatRow.successes).label("successes"))
-                  .where(StepStatRow.run_id == run_id).group_by(StepStatRow.domain))
-        last_step = select(func.max(PlanVectorRow.step)).where(PlanVectorRow.run_id == run_id).scalar_subquery()
-        latest = select(PlanVectorRow.domains, PlanVectorRow.weights, PlanVectorRow.levels).where(
-            PlanVectorRow.run_id == run_id, PlanVectorRow.step == last_step)
-        with self.reader.connect() as conn:
-            counts = {d: (int(a), int(s)) for d, a, s in conn.execute(totals)}
-            vectors = conn.execute(latest).first()
-        plans = {d: (float(w), int(lv)) for d, w, lv in zip(*vectors)} if vectors else {}
+        counts: dict[str, list[int]] = {}
+        for row in self.step_stats(run_id):
+            total = counts.setdefault(row["domain"], [0, 0])
+            total[0] += int(row["attempts"])
+            total[1] += int(row["successes"])
+        vectors = self.plan_vectors(run_id)
+        latest = vectors[-1] if vectors else {"domains": [], "weights": [], "levels": []}
+        plans = {d: (float(w), int(lv)) for d, w, lv in zip(latest["domains"], latest["weights"], latest["levels"])}
         summary = []
         for domain in sorted(set(counts) | set(plans)):
             attempts, successes = counts.get(domain, (0, 0))
@@ -185,9 +206,10 @@ class StoreReads:
 
     def step_totals(self, run_id: str) -> list[dict]:
         """Per step: attempts, successes, groups and zero-variance groups summed over domains."""
-        t = StepStatRow
-        query = (select(t.step, func.sum(t.attempts).label("attempts"), func.sum(t.successes).label("successes"),
-                        func.sum(t.groups).label("groups"), func.sum(t.zero_var_groups).label("zero_var_groups"))
-                 .where(t.run_id == run_id).group_by(t.step).order_by(t.step))
-        with self.reader.connect() as conn:
-            return [dict(r) for r in conn.execute(query).mappings().all()]
+        keys = ("attempts", "successes", "groups", "zero_var_groups")
+        totals: dict[int, dict] = {}
+        for row in self.step_stats(run_id):
+            total = totals.setdefault(row["step"], {"step": row["step"], **dict.fromkeys(keys, 0)})
+            for key in keys:
+                total[key] += int(row[key])
+        return list(totals.values())

@@ -58,3 +58,28 @@ def rewards_agree(rewards: Any) -> np.ndarray:
     the mixing policies read."""
     r = np.asarray(rewards)
     return spread_is_zero(r.min(axis=-1), r.max(axis=-1))
+
+
+@dataclass
+class GroupArrays:
+    """One step's outcomes as arrays, one row per group (prompt): what a trainer that computes in
+    arrays — the simulator — records instead of building an ``Outcome`` per completion. The
+    scheduler aggregates the arrays directly; iterating yields the equivalent ``Outcome`` rows
+    (built only when something asks for them, such as the store's ``results`` table). Verdicts
+    are ``ok`` or ``wrong`` only: there are no verifier failures in arrays."""
+
+    domains: list[str]  # [P] each group's domain
+    levels: np.ndarray  # [P] each group's level
+    task_ids: list[str]  # [P]
+    reward: np.ndarray  # [P, G]
+    correct: np.ndarray  # [P, G] bool
+    advantage: np.ndarray  # [P, G]
+
+    def __len__(self) -> int:
+        return self.reward.size
+
+    def __iter__(self):
+        rewards, correct, advantages = self.reward.tolist(), self.correct.tolist(), self.advantage.tolist()
+        for g, (domain, level, task) in enumerate(zip(self.domains, self.levels.tolist(), self.task_ids)):
+            for r, c, a in zip(rewards[g], correct[g], advantages[g]):
+                yield Outcome(domain, level, task, g, r, c, "ok" if c else "wrong", a)

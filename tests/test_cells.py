@@ -13,7 +13,7 @@ import pytest
 
 from curriculum.cells import aggregate_outcomes, cell_counts, stat_rows
 from curriculum.difficulty import LevelTable
-from curriculum.types import Outcome
+from curriculum.types import GroupArrays, Outcome
 
 
 def _loop_rows(outcomes: list[Outcome]) -> list[dict]:
@@ -73,3 +73,23 @@ def test_rows_follow_the_table_and_skip_cells_without_attempts():
 def test_an_outcome_outside_the_table_is_refused():
     with pytest.raises(ValueError, match="unknown domain/level"):
         cell_counts([Outcome("math", 9, "m", 0, 1.0, True, "ok")], LevelTable({"math": (1, 2)}))
+
+
+def test_group_arrays_sum_exactly_like_their_outcomes():
+    rng = np.random.default_rng(0)
+    table = LevelTable({"a": (1, 2), "b": (0,), "c": (3, 5, 7)})
+    keys = [("a", 1), ("a", 2), ("b", 0), ("c", 5), ("c", 7)]
+    picked = [keys[i] for i in rng.integers(0, len(keys), 40)]
+    reward = rng.choice([0.0, 0.3, 1.0], size=(40, 6))
+    reward[:5] = 1.0  # some groups agree
+    centred = reward - reward.mean(axis=1, keepdims=True)
+    groups = GroupArrays(domains=[d for d, _ in picked], levels=np.array([lv for _, lv in picked]),
+                         task_ids=[f"t{g}" for g in range(40)], reward=reward, correct=reward > 0.5,
+                         advantage=centred / (reward.std(axis=1, keepdims=True) + 1e-4))
+    outcomes = list(groups)
+    assert len(outcomes) == len(groups) == 240 and outcomes[7].group == 1 and outcomes[7].task_id == "t1"
+    arrays, rows = cell_counts(groups, table), cell_counts(outcomes, table)
+    for name in ("attempts", "successes", "reward_sum", "abs_adv_sum", "zero_var_groups", "groups"):
+        np.testing.assert_array_equal(getattr(arrays, name), getattr(rows, name))  # bit for bit
+    with pytest.raises(ValueError, match="unknown domain/level"):
+        cell_counts(GroupArrays(["z"], np.array([1]), ["t"], reward[:1], reward[:1] > 0.5, centred[:1]), table)

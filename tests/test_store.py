@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from sqlalchemy import event, text, update
 
 from curriculum.config import StoreConfig
-from curriculum.schema import Base, MetaRow, make_engine
+from curriculum.schema import SCHEMA_VERSION, Base, MetaRow, make_engine
 from curriculum.store import SchemaVersionError, StatsStore
 from curriculum.types import Outcome, Plan
 
@@ -124,7 +124,7 @@ def test_a_failed_step_write_leaves_the_old_rows(store):
     store.write_step(run_id, 0, _plan(0), _outcomes(0))
 
     def fail_on_plans(conn, cursor, statement, params, context, executemany):
-        if statement.lstrip().upper().startswith("INSERT INTO PLANS"):
+        if statement.lstrip().upper().startswith("INSERT INTO STEP_ARRAYS"):
             raise RuntimeError("disk full")
 
     event.listen(store.engine, "before_cursor_execute", fail_on_plans)
@@ -137,7 +137,7 @@ def test_a_failed_step_write_leaves_the_old_rows(store):
 
 def test_newer_schema_is_refused(store_url):
     store = StatsStore(store_url)
-    assert store.schema_version == 1
+    assert store.schema_version == SCHEMA_VERSION
     with store.engine.begin() as conn:
         conn.execute(update(MetaRow).where(MetaRow.key == "schema_version").values(value="99"))
     store.close()
@@ -151,7 +151,7 @@ def test_reopening_keeps_data(store_url):
     store.write_step(run_id, 0, _plan(0), _outcomes(0))
     store.close()
     again = StatsStore(store_url)
-    assert again.count_results(run_id) == 6 and again.schema_version == 1
+    assert again.count_results(run_id) == 6 and again.schema_version == SCHEMA_VERSION
     again.close()
 
 

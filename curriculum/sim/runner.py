@@ -1,7 +1,7 @@
 """One simulated training run: the production Curriculum and StatsStore around a synthetic learner.
 
 Per step: ``Curriculum.plan`` → the learner rolls out G outcomes per planned prompt → the outcomes
-(one ``Outcome`` per completion, real group advantages) go through ``Curriculum.record_outcomes``
+(``GroupArrays``: a row of G per prompt, real group advantages) go through ``Curriculum.record_outcomes``
 with the held-out metrics, as a trainer's step is recorded → the learner learns from the same
 groups. The simulator draws no tasks: its learner needs only the plan's (domain, level) counts.
 
@@ -33,7 +33,7 @@ from curriculum.types import rewards_agree
 from curriculum.sim.config import SimAppConfig
 from curriculum.sim.learner import KINDS, Learner, StepOutcome, build_world
 from curriculum.store import StatsStore
-from curriculum.types import Outcome, Plan
+from curriculum.types import GroupArrays, Plan
 
 
 @dataclass
@@ -52,19 +52,14 @@ def plan_arrays(plan: Plan, index: dict[str, int]) -> tuple[np.ndarray, np.ndarr
     return domain, level
 
 
-def to_outcomes(out: StepOutcome, names: list[str], step: int) -> list[Outcome]:
-    """One Outcome per completion; a group is one prompt. Statuses follow the verifier's words."""
-    outcomes = []
-    g_size = out.reward.shape[1]
+def to_outcomes(out: StepOutcome, names: list[str], step: int) -> GroupArrays:
+    """The step's outcomes, a group per prompt, as the scheduler takes them without one Python
+    object per completion. Verdicts follow the reward, as the verifier's words would."""
     # out.correct (the true outcome) stays inside the simulator: a trainer only sees the reward
-    rewards, advs = out.reward.tolist(), out.advantage.tolist()
-    for g, (d, lv) in enumerate(zip(out.domain.tolist(), out.level.tolist())):
-        name = names[d]
-        task = f"{name}/{lv}/{step}.{g}"
-        r, a = rewards[g], advs[g]
-        outcomes += [Outcome(name, lv, task, g, r[k], r[k] > 0.5, "ok" if r[k] > 0.5 else "wrong", a[k])
-                     for k in range(g_size)]
-    return outcomes
+    domains, levels = [names[d] for d in out.domain.tolist()], out.level.tolist()
+    return GroupArrays(domains=domains, levels=out.level, reward=out.reward, correct=out.reward > 0.5,
+                       advantage=out.advantage,
+                       task_ids=[f"{name}/{lv}/{step}.{g}" for g, (name, lv) in enumerate(zip(domains, levels))])
 
 
 def describe_world(cfg: SimAppConfig, names: list[str], kinds: np.ndarray) -> dict:
