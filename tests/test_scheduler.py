@@ -248,7 +248,9 @@ def test_write_behind_failure_reaches_the_trainer(tmp_path):
     store = StatsStore(f"sqlite:///{tmp_path / 'p.db'}")
     sched = Scheduler(DOMAINS, parse_policy({"type": "uniform"}), parse_difficulty({"type": "fixed"}),
                       prompts_per_step=4, store=store, run_id="no-such-run", write_behind=True)
-    drive(sched, range(1))  # the foreign key on run_id rejects the write on the writer thread
+    # the foreign key on run_id rejects the write on the writer thread; the trainer hears of it at
+    # its next call into the scheduler or at the flush, whichever comes after the writer failed
     with pytest.raises(RuntimeError, match="failed"):
+        drive(sched, range(1))
         sched.flush()
     store.close()
