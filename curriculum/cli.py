@@ -8,10 +8,12 @@
     palestra domains [--json]
     palestra sample --domain D --level L -n N [--seed S] [--json]
     palestra verify --domain D --input FILE.jsonl
+    palestra verify --domain D --canaries [--tasks-per-level N] [--seed S]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -95,9 +97,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="domain option (JSON value)")
     p.add_argument("--json", action="store_true")
-    p = command("verify", cmd_verify, "verify {task, completion} lines, one VerifyResult JSON a line")
+    p = command("verify", cmd_verify, "verify {task, completion} lines (one VerifyResult JSON a line), or a domain's canaries")
     p.add_argument("--domain", required=True)
-    p.add_argument("--input", required=True, help="JSONL file ('-' for stdin)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--input", help="JSONL file ('-' for stdin)")
+    what.add_argument("--canaries", action="store_true",
+                      help="write the domain's canaries for held-out tasks and verify them: exit 1 if any earns reward")
+    p.add_argument("--tasks-per-level", type=_positive, default=2, help="with --canaries: held-out tasks per level")
+    p.add_argument("--seed", type=int, default=1234, help="with --canaries: the held-out tasks' seed (eval.seed)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--workers", type=_positive, default=2)
     return parser
@@ -256,6 +263,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from domains.verify.pool import VerifierPool
 
     domain = load(args.domain, _options(args.option))
+    if args.canaries:
+        return _verify_canaries(domain, args)
     try:
         lines = (sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")).read().splitlines()
     except UnicodeDecodeError as exc:
@@ -290,6 +299,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
               f"{unscored[0].details.get('message', '')}", file=sys.stderr)
         return 1
     return 0
+
+
+def _verify_canaries(domain, args: argparse.Namespace) -> int:
+    """``verify --canaries``: each canary's verdicts, one JSON a line; exit 1 when one earned reward,
+    raised, or could not be judged (then the check says nothing)."""
+    from domains.canaries import canary_alarms, run_canaries
+    from domains.verify.pool import VerifierPool
+
+    if not domain.canaries():
+        raise ValueError(f"domain {domain.name!r} names no canaries (Domain.canaries)")
+    with VerifierPool({domain.name: domain}, workers=args.workers) as pool:
+        results = run_canaries({domain.name: domain}, pool, args.tasks_per_level, args.seed)
+        pool.raise_if_broken()
+    for result in results:
+        print(json.dumps({**dataclasses.asdict(result), "paid": result.paid}))
+    failed = [f"{r.canary} raised: {r.message}" for r in results if r.status == "canary_error"]
+    failed += [f"{r.canary} was not judged: {r.message}" for r in results if not r.scored]
+    for line in canary_alarms(results) + failed:
+        print(f"error: {line}", file=sys.stderr)
+    names = sorted({r.canary for r in results})
+    print(f"{domain.name}: {len(results)} canary completions ({len(names)} canaries: {', '.join(names)}), "
+          f"{sum(r.paid for r in results)} earned reward", file=sys.stderr)
+    return 1 if any(r.paid for r in results) or failed else 0
 
 
 def _renamed(task: Task, name: str) -> Task:

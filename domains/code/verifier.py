@@ -41,7 +41,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from domains.api import FAILURE_STATUSES, Domain, DomainConfig, Status, Task, VerifyResult
+from domains.api import FAILURE_STATUSES, Canary, Domain, DomainConfig, Status, Task, VerifyResult
+from domains.code.canaries import CANARIES
 from domains.code.program import assemble, call_output_matches, futures_first, stdout_matches, typing_preamble
 from domains.verify.sandbox import SandboxConfig, SandboxProcess, SandboxUnavailable, run_script, self_test
 from domains.verify.sandbox_harness import decode_value
@@ -447,3 +448,6 @@ class CodeDomain(Domain):
 
     def reference(self, task: Task) -> str | None:
         return task.payload.get("reference")
+
+    def canaries(self) -> dict[str, Canary]:
+        return CANARIES
