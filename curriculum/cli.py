@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from curriculum.canary_log import canary_counts
 from curriculum.steps import domain_values
 from curriculum.store import SchemaVersionError, StoreUnavailable
 from domains.api import Status, Task, one_line
@@ -135,16 +136,19 @@ def cmd_stats(args: argparse.Namespace) -> int:
         run_id = _resolve_run(store, args.run)
         rows = store.domain_summary(run_id)
         verdicts = store.verdict_counts(run_id)
-        unscored = _unscored(store.metrics(run_id))
+        metrics = store.metrics(run_id)
+    unscored, canaries = _unscored(metrics), canary_counts(metrics)
     for row in rows:
         found = verdicts.get(row["domain"], {})
         row.update({column: found.get(status, 0) for column, status in VERDICT_COLUMNS.items()},
-                   unscored=unscored.get(row["domain"], 0))
+                   unscored=unscored.get(row["domain"], 0),
+                   **canaries.get(row["domain"], {"canaries": 0, "canaries_paid": 0}))
     if args.json:
         print(json.dumps({"run": run_id, "domains": rows}, default=str, indent=1))
     else:
         print(f"run {run_id}")
-        _table(rows, ["domain", "attempts", "successes", "success_rate", "weight", "level", *VERDICT_COLUMNS, "unscored"])
+        _table(rows, ["domain", "attempts", "successes", "success_rate", "weight", "level", *VERDICT_COLUMNS, "unscored",
+                      "canaries", "canaries_paid"])
     return 0
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from curriculum.canary_log import canary_alarm_steps
 from curriculum.compare import HEADERS, METRICS, compare_sweep, format_table, load_run, split_labels
 
 MAX_COLUMNS = 400  # time columns kept in heat maps (more than a PNG can show anyway)
@@ -109,6 +110,7 @@ def report_run(store, run_id: str, out: str | Path) -> str:
                        "w·D (log)", cmap="coolwarm", norm=LogNorm(vmin=0.05, vmax=20.0)),
               _heatmap(out / "levels.png", steps, levels, "difficulty level", "level", cmap="magma")]
     curves = load_run(store, run)
+    alarms = canary_alarm_steps(store.metrics(run_id))  # drawn on the held-out timeline, listed below it
     if curves is not None and len(curves.domains):
         images.append(_heatmap(out / "heldout.png", curves.domain_steps, curves.domains,
                                "held-out success per domain", "success", cmap="RdYlGn", vmin=0, vmax=1))
@@ -117,6 +119,8 @@ def report_run(store, run_id: str, out: str | Path) -> str:
         ax.plot(curves.steps, curves.macro, label="macro held-out")
         if np.isfinite(curves.worst10).any():
             ax.plot(curves.steps, curves.worst10, label="worst 10% of domains")
+        for i, step in enumerate(sorted({step for step, _ in alarms})):
+            ax.axvline(step, color="tab:red", ls="--", lw=0.8, label="canary alarm" if i == 0 else None)
         ax.set_xlabel("step")
         ax.set_ylabel("held-out success")
         ax.set_ylim(0, 1)
@@ -135,7 +139,14 @@ def report_run(store, run_id: str, out: str | Path) -> str:
         images.append("kinds.png")
     policy = ((run.get("config") or {}).get("policy") or {}).get("type", "?")
     title = f"run {run_id} ({run['name']}, policy {policy}, seed {run['seed']}, {len(domains)} domains)"
-    return _page(out, title, images, extra="")
+    return _page(out, title, images, extra=_canary_alarms(alarms))
+
+
+def _canary_alarms(alarms: list[tuple[int, str]]) -> str:
+    if not alarms:
+        return ""
+    items = "".join(f"<li>step {step}: {html.escape(alarm)}</li>" for step, alarm in alarms)
+    return f"<h2>Canary alarms</h2><ul class='canary-alarms'>{items}</ul>"
 
 
 # -- a sweep ------------------------------------------------------------------------------------------
