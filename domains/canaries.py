@@ -42,29 +42,42 @@ def canary_tasks(domain: Domain, per_level: int, seed: int) -> list[Task]:
 
 def run_canaries(domains: dict[str, Domain], pool: Pool, per_level: int, seed: int) -> list[CanaryResult]:
     """Every canary of every domain on ``per_level`` held-out tasks per level, verified by ``pool``;
-    a domain without canaries contributes nothing. A canary that raises is reported, not verified."""
+    a domain without canaries contributes nothing. A canary that raises, or a domain that cannot
+    draw its held-out tasks, is reported as a ``canary_error`` result, and nothing of it verified."""
     results: list[CanaryResult] = []
     submitted: list[tuple[str, Task, str]] = []
     for name in sorted(domains):
-        canaries = domains[name].canaries()
-        if not canaries:
-            continue
-        for task in canary_tasks(domains[name], per_level, seed):
-            for canary, write in canaries.items():
-                try:
-                    completion = write(task)
-                except Exception as exc:  # the plugin's canary is broken: say so, verify nothing
-                    results.append(CanaryResult(name, canary, task.level, task.id, 0.0, "canary_error",
-                                                f"{type(exc).__name__}: {one_line(exc, 200)}"))
-                    continue
-                if completion is not None:
-                    submitted.append((canary, task, completion))
+        if domains[name].canaries():
+            _write(domains[name], per_level, seed, results, submitted)
     verdicts = pool.verify_many([(task, completion) for _, task, completion in submitted])
     for (canary, task, _), verdict in zip(submitted, verdicts):
         result = verdict.result
         results.append(CanaryResult(task.domain, canary, task.level, task.id, result.reward, result.status.value,
                                     str(result.details.get("message", ""))[:200], result.scored))
     return results
+
+
+def _write(domain: Domain, per_level: int, seed: int, errors: list[CanaryResult],
+           submitted: list[tuple[str, Task, str]]) -> None:
+    """Each canary's completion for each of the domain's canary tasks, into ``submitted``."""
+    try:
+        tasks = canary_tasks(domain, per_level, seed)
+    except Exception as exc:  # a plugin that cannot draw its held-out tasks: nothing to write
+        errors.append(CanaryResult(domain.name, "(held-out tasks)", 0, "", 0.0, "canary_error", _why(exc)))
+        return
+    for task in tasks:
+        for canary, write in domain.canaries().items():
+            try:
+                completion = write(task)
+            except Exception as exc:  # the plugin's canary is broken: say so, verify nothing
+                errors.append(CanaryResult(domain.name, canary, task.level, task.id, 0.0, "canary_error", _why(exc)))
+                continue
+            if completion is not None:
+                submitted.append((canary, task, completion))
+
+
+def _why(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {one_line(exc, 200)}"
 
 
 def canary_alarms(results: list[CanaryResult]) -> list[str]:

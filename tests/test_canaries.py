@@ -91,3 +91,11 @@ def _only_level(domain, level):
     clone = domain.configure({})
     clone.levels = (level,)
     return clone
+
+
+def test_a_canary_that_raises_is_reported_and_fails_the_check(capsys):
+    assert cli(["verify", "--domain", "weak_verifier:BROKEN_CANARY", "--canaries", "--workers", "1"]) == 1
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {(r["canary"], r["status"], r["message"]) for r in lines} == {
+        ("boom", "canary_error", "ZeroDivisionError: division by zero")}
+    assert len(lines) == 2  # the two held-out tasks of its one level

@@ -48,3 +48,16 @@ class DigitShare(Domain):
 
 
 DIGIT_SHARE = DigitShare()
+
+
+class BrokenCanary(Arithmetic):
+    """A plugin whose canary raises: reported, never verified."""
+
+    name = "broken_canary"
+    levels = (1,)
+
+    def canaries(self):
+        return {"boom": lambda task: str(1 / 0)}
+
+
+BROKEN_CANARY = BrokenCanary()
