@@ -9,6 +9,7 @@
     palestra sample --domain D --level L -n N [--seed S] [--json]
     palestra verify --domain D --input FILE.jsonl
     palestra verify --domain D --canaries [--tasks-per-level N] [--seed S]
+    palestra audit  --db URL --run ID [--size N] [--seed S] [--out FILE.html]
 """
 from __future__ import annotations
 
@@ -89,6 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     target.add_argument("--sweep", help="sweep id")
     p.add_argument("--out", default=None, help="output folder (default: report-<id>)")
     p.add_argument("--baseline", default="uniform")
+    p = command("audit", cmd_audit, "an HTML page of a stratified sample of a run's rewarded completions, with flags")
+    p.add_argument("--db", required=True)
+    p.add_argument("--run", required=True, help="run id (a unique prefix is enough)")
+    p.add_argument("--size", type=_positive, default=40, help="completions in the sample")
+    p.add_argument("--seed", type=int, default=0, help="the sample's seed")
+    p.add_argument("--out", default=None, help="the page's path (default: audit-<run>.html)")
+    p.add_argument("--workers", type=_positive, default=2, help="verifier workers that re-verify the sample")
+    p.add_argument("--no-reverify", action="store_true", help="show the stored verdicts only (no verifier details)")
     p = command("domains", cmd_domains, "registered domains and their levels")
     p.add_argument("--json", action="store_true")
     p = command("sample", cmd_sample, "draw tasks with their reference completions")
@@ -218,6 +227,20 @@ def cmd_report(args: argparse.Namespace) -> int:
             out = args.out or "report-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in args.sweep)
             page = report_sweep(store, args.sweep, out, baseline=args.baseline)
     print(page)
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from curriculum.audit import build_audit
+    from curriculum.audit_page import write_audit_page
+
+    with _open_store(args.db) as store:
+        run_id = _resolve_run(store, args.run)
+        audit = build_audit(store, run_id, size=args.size, seed=args.seed, workers=args.workers,
+                            reverify=not args.no_reverify)
+    page = write_audit_page(audit, args.out or f"audit-{run_id[:8]}.html")
+    flagged = sum(bool(s.flags) for s in audit.samples)
+    print(f"{page}: {len(audit.samples)} rewarded completions, {flagged} flagged")
     return 0
 
 

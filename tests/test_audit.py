@@ -1,8 +1,10 @@
-"""Canaries in a training run: a weakened verifier raises the canary alarm, ``audit.stop_on_canary``
-stops the run with a checkpoint that resumes, the counts reach ``palestra stats`` and the alarms the
-report; and the canary check leaves training exactly as it was."""
+"""Canaries in a training run and the spot-check audit: a weakened verifier raises the canary alarm,
+``audit.stop_on_canary`` stops the run with a checkpoint that resumes, the counts reach ``palestra
+stats`` and the alarms the report; ``palestra audit`` writes a page holding its sampled rows; and
+the canary check leaves training exactly as it was."""
 import json
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,43 @@ def test_the_report_shows_the_canary_alarms(stopped_then_resumed, tmp_path):
     assert "<h2>Canary alarms</h2>" in page and "step 2: canary &#x27;answer_in_thinking&#x27; of weak_arithmetic" in page
 
 
+class _Samples(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.samples: list[dict] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "section" and attrs.get("class") == "sample":
+            self.samples.append(attrs)
+
+
+def test_palestra_audit_writes_a_page_holding_the_sampled_rows(stopped_then_resumed, tmp_path, capsys):
+    folder, _, summary = stopped_then_resumed
+    page = tmp_path / "audit.html"
+    args = ["audit", "--db", _store(folder), "--run", summary["run_id"], "--size", "6", "--seed", "3",
+            "--out", str(page), "--workers", "1"]
+    capsys.readouterr()
+    assert cli(args) == 0
+    assert capsys.readouterr().out.startswith(f"{page}: 6 rewarded completions, ")
+    parser = _Samples()
+    parser.feed(page.read_text(encoding="utf-8"))
+    with StatsStore(_store(folder)) as store:
+        stored = {r["id"]: r for r in store.results(summary["run_id"])}
+    assert len(parser.samples) == 6
+    for sample in parser.samples:
+        row = stored[int(sample["data-result-id"])]
+        assert row["reward"] > 0 and float(sample["data-reward"]) == row["reward"]
+        assert (sample["data-domain"], int(sample["data-step"])) == (row["domain"], row["step"])
+    # both halves of the run are sampled, and the same seed draws the same rows
+    assert {int(s["data-step"]) <= 2 for s in parser.samples} == {True, False}
+    assert cli(args[:-4] + ["--out", str(tmp_path / "again.html"), "--workers", "1"]) == 0
+    again = _Samples()
+    again.feed((tmp_path / "again.html").read_text(encoding="utf-8"))
+    assert [s["data-result-id"] for s in again.samples] == [s["data-result-id"] for s in parser.samples]
+    assert "http" not in page.read_text(encoding="utf-8")  # nothing fetched: one self-contained file
+
+
 def test_the_canary_check_leaves_training_as_it_was(tmp_path):
     outcomes = []
     for checks in ({"at_start": False}, {"at_start": True, "every": 1}):
@@ -90,3 +129,54 @@ def test_the_canary_check_leaves_training_as_it_was(tmp_path):
             rows = store.results(summary["run_id"])
         outcomes.append(([(r["task_id"], r["completion"], r["reward"]) for r in rows], summary["after"]))
     assert outcomes[0] == outcomes[1]
+
+
+def _stored_run(tmp_path):
+    """A store holding a run of arithmetic written step by step: rewards low at steps 1-2 and high
+    at 3-4 while held-out success falls from step 2 to 4; one rewarded answer far shorter than the
+    references, and one completion rewarded on three different tasks."""
+    import random
+
+    import numpy as np
+
+    from curriculum.types import Outcome, Plan
+    from domains.registry import load
+
+    arithmetic = load("arithmetic")
+    tasks = arithmetic.sample(3, 12, random.Random(0))
+    store = StatsStore(f"sqlite:///{tmp_path / 'flags.db'}")
+    run_id = store.start_run("flags", {"domains": ["arithmetic"]}, seed=0)
+    for step in range(1, 5):
+        outcomes = []
+        for i, task in enumerate(tasks[3 * (step - 1):3 * step]):
+            reward = float(step >= 3 or i == 0)
+            completion = arithmetic.reference(task) if reward else "no idea"
+            if (step, i) == (1, 0):
+                completion = str(task.payload["answer"])  # rewarded, yet a third of a reference's length
+            if step == 4:
+                completion = "the same text"  # rewarded on the three tasks of step 4
+            outcomes.append(Outcome("arithmetic", 3, task.id, i, reward, reward == 1.0, "ok" if reward else "wrong",
+                                    completion_hash=f"{step}-{i}" if step < 4 else "same", completion=completion))
+        plan = Plan(step, ["arithmetic"], np.array([1.0]), np.array([3]), {("arithmetic", 3): 3})
+        store.write_step(run_id, step, plan, outcomes, {"loss": 0.0},
+                         tasks={t.id: t.to_json() for t in tasks[3 * (step - 1):3 * step]})
+    for step, heldout in ((0, 0.5), (2, 0.6), (4, 0.3)):
+        store.merge_metrics(run_id, step, {"heldout/macro": heldout, "heldout/arithmetic": heldout})
+    return store, run_id
+
+
+def test_the_audit_flags_short_repeated_and_diverging_rewards(tmp_path):
+    from curriculum.audit import build_audit
+
+    store, run_id = _stored_run(tmp_path)
+    with store:
+        audit = build_audit(store, run_id, size=100, seed=0, workers=1)
+    assert [(d["domain"], d["from_step"], d["to_step"]) for d in audit.divergences] == [("arithmetic", 2, 4)]
+    assert audit.repeated == {"same": 3}
+    assert audit.strata == {("arithmetic", 3, "early"): 2, ("arithmetic", 3, "late"): 6}
+    flags = {(s.row["step"], s.row["group_index"]): " | ".join(s.flags) for s in audit.samples}
+    assert flags[(1, 0)].startswith("short: ") and "re-verified reward 0.000 differs" in flags[(1, 0)]
+    assert all(flags[(4, i)].startswith("repeated: rewarded on 3 different tasks | diverging") for i in range(3))
+    assert all(flags[(3, i)].startswith("diverging: reward rose while held-out success fell (steps 2-4)")
+               for i in range(3))
+    assert flags[(2, 0)] == ""  # a reference's own answer, re-verified as rewarded: nothing to look at
