@@ -66,6 +66,15 @@ def test_a_paying_canary_stops_the_run_with_a_checkpoint_that_resumes(stopped_th
                for r in logged)
 
 
+def test_a_paying_canary_at_a_fresh_start_stops_before_any_training(tmp_path):
+    with pytest.raises(CanaryPaid, match=r"^a canary earned reward before training \(audit.stop_on_canary\): fix the "
+                                         r"verifier, then start again$"):
+        run(config(tmp_path, WEAK, steps=4, audit={"stop_on_canary": True}))
+    with StatsStore(_store(tmp_path / "run")) as store:
+        assert [(r["status"], r["last_step"]) for r in store.runs()] == [("stopped", -1)]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_palestra_stats_counts_the_canaries_of_each_domain(stopped_then_resumed, capsys):
     folder, _, summary = stopped_then_resumed
     capsys.readouterr()
