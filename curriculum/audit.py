@@ -51,7 +51,7 @@ class Audit:
     seed: int
     strata: dict[Stratum, int]  # rewarded results per stratum
     samples: list[Sampled]
-    repeated: dict[str, int]  # completion hash -> different tasks it was rewarded on (flagged ones)
+    repeated: dict[str, tuple[int, str]]  # completion hash -> (different tasks rewarded on, text), flagged ones
     divergences: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
 
@@ -98,11 +98,14 @@ def _draw(strata: dict[Stratum, list[dict]], size: int, rng: random.Random) -> l
     return sorted(chosen, key=lambda s: (s.stratum, s.row["step"], s.row["id"]))
 
 
-def _repeated(rows: list[dict]) -> dict[str, int]:
+def _repeated(rows: list[dict]) -> dict[str, tuple[int, str]]:
+    """Completion hash -> (different tasks it was rewarded on, its text), for the flagged ones."""
     tasks: dict[str, set[str]] = defaultdict(set)
+    texts: dict[str, str] = {}
     for row in rows:
         tasks[row["completion_hash"]].add(row["task_id"])
-    return {h: len(t) for h, t in tasks.items() if len(t) >= REPEAT_TASKS}
+        texts.setdefault(row["completion_hash"], row["completion"])
+    return {h: (len(t), texts[h]) for h, t in tasks.items() if len(t) >= REPEAT_TASKS}
 
 
 def _divergences(store: StatsStore, run_id: str) -> list[dict[str, Any]]:
@@ -167,7 +170,7 @@ def _flag(audit: Audit, domains: dict[str, Domain]) -> None:
             sample.flags.append(f"short: {len(row['completion'])} characters, the domain's references "
                                 f"{statistics.median(typical):.0f}")
         if row["completion_hash"] in audit.repeated:
-            sample.flags.append(f"repeated: rewarded on {audit.repeated[row['completion_hash']]} different tasks")
+            sample.flags.append(f"repeated: rewarded on {audit.repeated[row['completion_hash']][0]} different tasks")
         span = diverging.get(row["domain"])
         if span and span[0] < row["step"] <= span[1]:
             sample.flags.append(f"diverging: reward rose while held-out success fell (steps {span[0]}-{span[1]})")

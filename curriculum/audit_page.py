@@ -59,8 +59,8 @@ def _divergences(audit: Audit) -> str:
 def _repeated(audit: Audit) -> str:
     if not audit.repeated:
         return "<h2>Repeated completions</h2><p class='ok'>no completion was rewarded on several different tasks</p>"
-    rows = sorted(audit.repeated.items(), key=lambda item: -item[1])
-    return "<h2>Completions rewarded on many different tasks</h2>" + _table(["completion hash", "tasks"], rows)
+    rows = [[tasks, text[:300]] for tasks, text in sorted(audit.repeated.values(), key=lambda item: -item[0])]
+    return "<h2>Completions rewarded on many different tasks</h2>" + _table(["tasks", "completion"], rows)
 
 
 def _strata(audit: Audit) -> str:

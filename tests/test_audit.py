@@ -181,7 +181,7 @@ def test_the_audit_flags_short_repeated_and_diverging_rewards(tmp_path):
     with store:
         audit = build_audit(store, run_id, size=100, seed=0, workers=1)
     assert [(d["domain"], d["from_step"], d["to_step"]) for d in audit.divergences] == [("arithmetic", 2, 4)]
-    assert audit.repeated == {"same": 3}
+    assert audit.repeated == {"same": (3, "the same text")}
     assert audit.strata == {("arithmetic", 3, "early"): 2, ("arithmetic", 3, "late"): 6}
     flags = {(s.row["step"], s.row["group_index"]): " | ".join(s.flags) for s in audit.samples}
     assert flags[(1, 0)].startswith("short: ") and "re-verified reward 0.000 differs" in flags[(1, 0)]
