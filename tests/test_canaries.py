@@ -99,3 +99,17 @@ def test_a_canary_that_raises_is_reported_and_fails_the_check(capsys):
     assert {(r["canary"], r["status"], r["message"]) for r in lines} == {
         ("boom", "canary_error", "ZeroDivisionError: division by zero")}
     assert len(lines) == 2  # the two held-out tasks of its one level
+
+
+def test_the_code_canaries_score_0_on_humaneval_apps_and_stdio_rows(tmp_path):
+    """Dataset rows as published: HumanEval's check() (where an always-equal object would pass a
+    naive harness), APPS call-based and stdin/stdout rows."""
+    from test_code_domain import CALL_ROW, FAST, HUMANEVAL_ROWS, STDIO_ROW, TESTS_ROW
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in HUMANEVAL_ROWS + [STDIO_ROW, CALL_ROW, TESTS_ROW]) + "\n")
+    domains = load_all(["code_dataset"], {"code_dataset": {"path": str(path), **FAST}})
+    with VerifierPool(domains, workers=2) as pool:
+        results = run_canaries(domains, pool, 5, seed=1234)
+    assert len({r.task_id for r in results}) >= 3 and not any(r.paid or not r.scored for r in results)
+    assert {r.canary for r in results} >= {"always_equal", "print_expected", "read_tests", "exit_in_call"}
