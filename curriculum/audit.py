@@ -99,11 +99,13 @@ def _draw(strata: dict[Stratum, list[dict]], size: int, rng: random.Random) -> l
 
 
 def _repeated(rows: list[dict]) -> dict[str, tuple[int, str]]:
-    """Completion hash -> (different tasks it was rewarded on, its text), for the flagged ones."""
+    """Completion hash -> (different tasks it was rewarded on, its text), for the flagged ones.
+    Tasks are told apart by their prompts: two code tasks asking the same thing with other hidden
+    tests are one question to the model, and one right answer to both is no sign of anything."""
     tasks: dict[str, set[str]] = defaultdict(set)
     texts: dict[str, str] = {}
     for row in rows:
-        tasks[row["completion_hash"]].add(row["task_id"])
+        tasks[row["completion_hash"]].add(row["prompt_hash"])
         texts.setdefault(row["completion_hash"], row["completion"])
     return {h: (len(t), texts[h]) for h, t in tasks.items() if len(t) >= REPEAT_TASKS}
 

@@ -165,7 +165,8 @@ def _stored_run(tmp_path):
             if step == 4:
                 completion = "the same text"  # rewarded on the three tasks of step 4
             outcomes.append(Outcome("arithmetic", 3, task.id, i, reward, reward == 1.0, "ok" if reward else "wrong",
-                                    completion_hash=f"{step}-{i}" if step < 4 else "same", completion=completion))
+                                    prompt_hash=task.id, completion_hash=f"{step}-{i}" if step < 4 else "same",
+                                    completion=completion))
         plan = Plan(step, ["arithmetic"], np.array([1.0]), np.array([3]), {("arithmetic", 3): 3})
         store.write_step(run_id, step, plan, outcomes, {"loss": 0.0},
                          tasks={t.id: t.to_json() for t in tasks[3 * (step - 1):3 * step]})
