@@ -8,10 +8,13 @@
     palestra domains [--json]
     palestra sample --domain D --level L -n N [--seed S] [--json]
     palestra verify --domain D --input FILE.jsonl
+    palestra verify --domain D --canaries [--tasks-per-level N] [--seed S]
+    palestra audit  --db URL --run ID [--size N] [--seed S] [--out FILE.html]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -85,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     target.add_argument("--sweep", help="sweep id")
     p.add_argument("--out", default=None, help="output folder (default: report-<id>)")
     p.add_argument("--baseline", default="uniform")
+    p = command("audit", cmd_audit, "an HTML page of a stratified sample of a run's rewarded completions, with flags")
+    p.add_argument("--db", required=True)
+    p.add_argument("--run", required=True, help="run id (a unique prefix is enough)")
+    p.add_argument("--size", type=_positive, default=40, help="completions in the sample")
+    p.add_argument("--seed", type=int, default=0, help="the sample's seed")
+    p.add_argument("--out", default=None, help="the page's path (default: audit-<run>.html)")
+    p.add_argument("--workers", type=_positive, default=2, help="verifier workers that re-verify the sample")
+    p.add_argument("--no-reverify", action="store_true", help="show the stored verdicts only (no verifier details)")
     p = command("domains", cmd_domains, "registered domains and their levels")
     p.add_argument("--json", action="store_true")
     p = command("sample", cmd_sample, "draw tasks with their reference completions")
@@ -94,9 +105,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="domain option (JSON value)")
     p.add_argument("--json", action="store_true")
-    p = command("verify", cmd_verify, "verify {task, completion} lines, one VerifyResult JSON a line")
+    p = command("verify", cmd_verify, "verify {task, completion} lines (one VerifyResult JSON a line), or a domain's canaries")
     p.add_argument("--domain", required=True)
-    p.add_argument("--input", required=True, help="JSONL file ('-' for stdin)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--input", help="JSONL file ('-' for stdin)")
+    what.add_argument("--canaries", action="store_true",
+                      help="write the domain's canaries for held-out tasks and verify them: exit 1 if any earns reward")
+    p.add_argument("--tasks-per-level", type=_positive, default=2, help="with --canaries: held-out tasks per level")
+    p.add_argument("--seed", type=int, default=1234, help="with --canaries: the held-out tasks' seed (eval.seed)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--workers", type=_positive, default=2)
     return parser
@@ -132,7 +148,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps({"run": run_id, "domains": rows}, default=str, indent=1))
     else:
         print(f"run {run_id}")
-        _table(rows, ["domain", "attempts", "successes", "success_rate", "weight", "level", *VERDICT_COLUMNS, "unscored"])
+        _table(rows, ["domain", "attempts", "successes", "success_rate", "weight", "level", *VERDICT_COLUMNS, "unscored",
+                      "canaries", "canaries_paid"])
     return 0
 
 
@@ -189,6 +206,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from curriculum.audit import build_audit
+    from curriculum.audit_page import write_audit_page
+
+    with _open_store(args.db) as store:
+        run_id = _resolve_run(store, args.run)
+        audit = build_audit(store, run_id, size=args.size, seed=args.seed, workers=args.workers,
+                            reverify=not args.no_reverify)
+    page = write_audit_page(audit, args.out or f"audit-{run_id[:8]}.html")
+    flagged = sum(bool(s.flags) for s in audit.samples)
+    print(f"{page}: {len(audit.samples)} rewarded completions, {flagged} flagged")
+    return 0
+
+
 # -- domains ------------------------------------------------------------------------------------------
 def cmd_domains(args: argparse.Namespace) -> int:
     rows = []
@@ -235,6 +266,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from domains.verify.pool import VerifierPool
 
     domain = load(args.domain, _options(args.option))
+    if args.canaries:
+        return _verify_canaries(domain, args)
     try:
         lines = (sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")).read().splitlines()
     except UnicodeDecodeError as exc:
@@ -272,6 +305,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
               f"{unscored[0].details.get('message', '')}", file=sys.stderr)
         return 1
     return 0
+
+
+def _verify_canaries(domain, args: argparse.Namespace) -> int:
+    """``verify --canaries``: each canary's verdicts, one JSON a line; exit 1 when one earned reward,
+    raised, or could not be judged (then the check says nothing)."""
+    from domains.canaries import canary_alarms, run_canaries
+    from domains.verify.pool import VerifierPool
+
+    if not domain.canaries():
+        raise ValueError(f"domain {domain.name!r} names no canaries (Domain.canaries)")
+    with VerifierPool({domain.name: domain}, workers=args.workers) as pool:
+        results = run_canaries({domain.name: domain}, pool, args.tasks_per_level, args.seed)
+        pool.raise_if_broken()
+    for result in results:
+        print(json.dumps({**dataclasses.asdict(result), "paid": result.paid}))
+    failed = [f"{r.canary} raised: {r.message}" for r in results if r.status == "canary_error"]
+    failed += [f"{r.canary} was not judged: {r.message}" for r in results if not r.scored]
+    for line in canary_alarms(results) + failed:
+        print(f"error: {line}", file=sys.stderr)
+    names = sorted({r.canary for r in results})
+    print(f"{domain.name}: {len(results)} canary completions ({len(names)} canaries: {', '.join(names)}), "
+          f"{sum(r.paid for r in results)} earned reward", file=sys.stderr)
+    return 1 if any(r.paid for r in results) or failed else 0
 
 
 def _renamed(task: Task, name: str) -> Task:

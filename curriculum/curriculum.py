@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from curriculum.canary_log import canary_metrics
 from curriculum.compare import DEFAULT_MASTERY, heldout_metrics
 from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig
 from curriculum.prompts import PromptSelector
@@ -28,6 +29,7 @@ from curriculum.store import StatsStore
 from curriculum.tasks import TaskSource
 from curriculum.types import Outcome, Plan
 from domains.api import Domain, Task, one_line
+from domains.canaries import CanaryResult
 
 
 def domain_levels(domains: Mapping[str, Domain]) -> dict[str, tuple[int, ...]]:
@@ -152,6 +154,13 @@ class Curriculum:
             return
         self.scheduler.flush()  # the step's own row first, as for an evaluation
         self.store.merge_metrics(self.run_id, step, {"alarms": list(alarms)})
+
+    def record_canaries(self, step: int, results: Sequence[CanaryResult]) -> None:
+        """A canary check's counts (and alarms) join the step's stored metrics (``canary_log``)."""
+        if self.store is None:
+            return
+        self.scheduler.flush()  # the step's own row first, as for an evaluation
+        self.store.merge_metrics(self.run_id, step, canary_metrics(results))
 
     def flush(self) -> None:
         self.scheduler.flush()

@@ -52,14 +52,13 @@ class ReplayReport:
 
 def replay(store: StatsStore, run_id: str, step: int | None = None, workers: int = 2) -> ReplayReport:
     run = store.run(run_id)
-    config = run["config"] or {}
-    domains = load_all(config.get("domains", []), config.get("domain_options") or {})
+    domains = run_domains(run)
     rows = store.results(run_id, step=step)
     if step is not None and not rows:
         recorded = f"steps 1-{run['last_step']}" if run["last_step"] >= 1 else "no recorded steps"
         raise ValueError(f"run {run_id} has no results at step {step} (it has {recorded})")
     # each task once, however many completions it has; None where it is stored damaged
-    tasks = {i: _readable_task(data) for i, data in store.tasks(run_id, {r["task_id"] for r in rows}).items()}
+    tasks = {i: readable_task(data) for i, data in store.tasks(run_id, {r["task_id"] for r in rows}).items()}
     report = ReplayReport(run_id)
     checkable = []
     for row in rows:
@@ -114,7 +113,13 @@ def as_drawn(history: list[dict], domains: dict[str, Domain]):
     return drawn
 
 
-def _readable_task(data: dict | None) -> Task | None:
+def run_domains(run: dict) -> dict[str, Domain]:
+    """A stored run's domains, built from its config (names and options) as it trained with them."""
+    config = run["config"] or {}
+    return load_all(config.get("domains", []), config.get("domain_options") or {})
+
+
+def readable_task(data: dict | None) -> Task | None:
     """The stored task, or None when its JSON is damaged."""
     if data is None:
         return None

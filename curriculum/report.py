@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from curriculum import report_page as page
+from curriculum.canary_log import canary_alarm_steps
 from curriculum.compare import HEADERS, METRICS, compare_sweep, format_table, load_run, split_labels
 from curriculum.heatmaps import MAX_PAGES, ROWS_PER_PAGE, HeatMap, draw, thin
 from curriculum.run_summary import VERDICT_COLUMNS, domain_table, heldout_series, run_alarms
@@ -81,7 +82,9 @@ def report_run(store, run_id: str, out: str | Path) -> str:
     steps = np.array([v["step"] for v in vectors], dtype=float)
     weights = np.array([v["weights"] for v in vectors], dtype=float)
     curves = load_run(store, run)
-    figures = [page.save_figure(plt, _macro_figure(plt, curves), out, "macro.png")] if curves is not None else []
+    canary_steps = sorted({step for step, _ in canary_alarm_steps(metrics)})  # marked on the held-out timeline
+    figures = ([page.save_figure(plt, _macro_figure(plt, curves, canary_steps), out, "macro.png")]
+               if curves is not None else [])
     masks = _kinds(run, domains)
     if masks:
         fig, ax = plt.subplots(figsize=(8, 4))
@@ -104,11 +107,13 @@ def report_run(store, run_id: str, out: str | Path) -> str:
     return page.write_page(out, title, parts)
 
 
-def _macro_figure(plt, curves):
+def _macro_figure(plt, curves, canary_steps: list[int]):
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(curves.steps, curves.macro, label="macro held-out")
     if np.isfinite(curves.worst10).any():
         ax.plot(curves.steps, curves.worst10, label="worst 10% of domains")
+    for i, step in enumerate(canary_steps):
+        ax.axvline(step, color="tab:red", ls="--", lw=0.8, label="canary alarm" if i == 0 else None)
     ax.set_xlabel("step")
     ax.set_ylabel("held-out success")
     ax.set_ylim(0, 1)

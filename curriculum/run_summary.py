@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from curriculum.canary_log import canary_counts
 from curriculum.steps import domain_values
 from domains.api import Status
 
@@ -33,11 +34,13 @@ def domain_stats(store, run_id: str, metrics: list[dict] | None = None) -> list[
     """Per domain, the row ``palestra stats`` prints."""
     rows = store.domain_summary(run_id)
     verdicts = store.verdict_counts(run_id)
-    unscored = unscored_counts(store.metrics(run_id) if metrics is None else metrics)
+    metrics = store.metrics(run_id) if metrics is None else metrics
+    unscored, canaries = unscored_counts(metrics), canary_counts(metrics)
     for row in rows:
         found = verdicts.get(row["domain"], {})
         row.update({column: found.get(status, 0) for column, status in VERDICT_COLUMNS.items()},
-                   unscored=unscored.get(row["domain"], 0))
+                   unscored=unscored.get(row["domain"], 0),
+                   **canaries.get(row["domain"], {"canaries": 0, "canaries_paid": 0}))
     return rows
 
 

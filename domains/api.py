@@ -13,7 +13,7 @@ import random
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import Field
 
@@ -99,6 +99,10 @@ class VerifyResult:
         return {"reward": self.reward, "correct": self.correct, "status": self.status.value, "details": self.details}
 
 
+# A canary writes, for a task, a completion that must never earn reward; None: not for this task
+Canary = Callable[[Task], "str | None"]
+
+
 class DomainConfig(StrictModel):
     """Options every domain accepts; a domain subclasses this for its own options (unknown keys fail)."""
 
@@ -167,6 +171,12 @@ class Domain:
         ``palestra replay`` rebuilds the draw from the stored run the same way. Held-out evaluation
         never calls this."""
         return task
+
+    def canaries(self) -> dict[str, Canary]:
+        """Named functions that write, for a task, a completion that must never earn reward (a
+        known exploit or a near miss), or None for a task they do not apply to. A run checks them
+        through the verifier pool at its start and every ``audit.every`` steps (``domains.canaries``)."""
+        return {}
 
     def prompt(self, compact: str, chat: str, tools: list[dict[str, Any]] | None = None,
                example: tuple[str, str] | None = None) -> Messages:

@@ -61,7 +61,7 @@ from typing import Any
 from pydantic import Field
 
 from domains.api import (
-    Domain, DomainConfig, DomainFamily, Status, Task, VerifyResult, one_line, stable_hash, user_prompt,
+    Canary, Domain, DomainConfig, DomainFamily, Status, Task, VerifyResult, one_line, stable_hash, user_prompt,
 )
 from domains.math.answer import answer_region
 
@@ -263,6 +263,23 @@ def extract(completion: str, require_tag: bool) -> tuple[str | None, str]:
     return (bare, "") if bare else (None, "empty completion")
 
 
+# -- canaries: the family's answers that must never score ----------------------------------------------
+def _with_gold(write: Any) -> Canary:
+    """A canary built on the task's answer; None for a task without one (many-solution puzzles)."""
+    return lambda task: None if task.payload.get("entry", {}).get("answer") is None else write(
+        str(task.payload["entry"]["answer"]))
+
+
+CANARIES: dict[str, Canary] = {
+    "empty_answer": lambda task: "<answer></answer>",
+    "prompt_echoed": lambda task: "<answer>{}</answer>".format(
+        task.prompt[-1]["content"].replace("<answer>", "").replace("</answer>", "")),
+    "answer_in_thinking": _with_gold(lambda gold: f"<think><answer>{gold}</answer></think>"),
+    "unclosed_thinking": _with_gold(lambda gold: f"<think><answer>{gold}</answer>"),
+    "unclosed_answer_tag": _with_gold(lambda gold: f"<answer>{gold}"),
+}
+
+
 # -- the domain -----------------------------------------------------------------------------------
 class ReasoningGymConfig(DomainConfig):
     max_level: int | None = Field(None, ge=1)  # cap on the levels (None: all the curriculum has)
@@ -369,6 +386,9 @@ class ReasoningGymDomain(Domain):
     def reference(self, task: Task) -> str | None:
         answer = task.payload.get("entry", {}).get("answer")
         return None if answer is None else f"<answer>{answer}</answer>"
+
+    def canaries(self) -> dict[str, Canary]:
+        return CANARIES
 
     # -- verifying --------------------------------------------------------------------------------
     def warm_up(self) -> None:

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from curriculum.config import fill_run_defaults
 from curriculum.store import SchemaVersionError, StoreUnavailable
 from domains.verify.pool import VerifierBackendUnavailable, VerifierPoolBroken
+from trainer.audit import CanaryPaid
 from trainer.vllm_engine import VLLMUnavailable
 from domains.registry import DomainError
 from trainer.config import (ConfigError, PalestraConfig, check_override_keys, drop_shadowed_flat_keys, regroup_overrides,
@@ -52,6 +53,9 @@ def run(config: PalestraConfig | None) -> dict[str, Any]:
         return summary
     except KeyboardInterrupt:
         status = "interrupted"
+        raise
+    except CanaryPaid:  # stopped on purpose (audit.stop_on_canary), with a checkpoint to resume from
+        status = "stopped"
         raise
     finally:
         recipe.cleanup(status)
@@ -90,7 +94,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         validated = True  # from here a run may write elsewhere (a resume goes on in its own folder)
         summary = run(config)
     except (ConfigError, DomainError, StoreUnavailable, SchemaVersionError, VerifierBackendUnavailable,
-            VerifierPoolBroken, VLLMUnavailable) as exc:
+            VerifierPoolBroken, VLLMUnavailable, CanaryPaid) as exc:
         if not validated:
             _discard_unused_run_folder()
         print(f"error: {exc}", file=sys.stderr)

@@ -16,6 +16,7 @@ from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, S
 from domains.config import StrictModel as Strict
 from domains.api import DomainConfig
 from domains.verify.backend import VerifierConfig
+from trainer.audit import AuditConfig
 from trainer.health import HealthConfig
 
 
@@ -273,6 +274,7 @@ class PalestraConfig(Strict):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     health: HealthConfig = HealthConfig()
+    audit: AuditConfig = AuditConfig()
 
     @field_validator("domains", mode="before")
     @classmethod

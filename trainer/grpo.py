@@ -25,10 +25,12 @@ from curriculum.scheduler import StepWriteFailed
 from curriculum.steps import format_error_examples
 from curriculum.store import StatsStore, StoreUnavailable, default_store_url, without_password
 from domains.api import Task, one_line
+from domains.canaries import canary_alarms, run_canaries
 from domains.verify.backend import make_pool
 from domains.verify.pool import Pool, VerifierPoolBroken
 from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
+from trainer.audit import CanaryPaid, canary_summary
 from trainer.collect import RolloutCollector
 from trainer.config import ConfigError, PalestraConfig, as_stored_now, changed_settings
 from trainer.evaluate import HeldoutEvaluation, format_eval
@@ -168,6 +170,8 @@ class GRPORecipe:
     # -- train ------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
+        if cfg.audit.at_start:  # before any work: a verifier that pays for an exploit says so now
+            self._check_canaries(self.start_step)
         if self.start_step == 0:
             self._warm_start()
         step = done = self.start_step
@@ -180,6 +184,8 @@ class GRPORecipe:
                     self.logger.advance(step, metrics)
                     if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
                         self._evaluate(step, f"held-out success at step {step}")
+                    if cfg.audit.due(step):
+                        self._check_canaries(step)
                     if self.world.any(stop.requested):  # SIGTERM/SIGINT: finish the step, save, leave
                         path = self.save_checkpoint(step)
                         interrupt = KeyboardInterrupt(f"stopped by signal after step {step}; {resume_hint(path)}")
@@ -269,6 +275,30 @@ class GRPORecipe:
         except StoreUnavailable as exc:  # metrics.jsonl has them; training goes on
             self.logger.write(f"warning: held-out metrics of step {step} not stored: {one_line(exc, 200)}")
         self._alarm(step, self.health.after_eval(metrics["eval/macro"]))
+
+    def _check_canaries(self, step: int) -> None:
+        """Verify every domain's canaries (rank 0); one that earns reward raises an alarm, and with
+        ``audit.stop_on_canary`` stops the run, with a checkpoint when the step's is not there yet."""
+        alarms: list[str] = []
+        if self.world.is_main:
+            results = run_canaries(self.domains, self.pool, self.cfg.audit.tasks_per_level, self.cfg.eval.seed)
+            self.pool.raise_if_broken()
+            self.logger.write(canary_summary(step, results))
+            alarms = canary_alarms(results)
+            self._alarm(step, alarms)
+            try:
+                self.curriculum.inner.record_canaries(step, results)
+            except StoreUnavailable as exc:  # the console and metrics.jsonl have them; training goes on
+                self.logger.write(f"warning: canary results of step {step} not stored: {one_line(exc, 200)}")
+        if not (self.world.any(bool(alarms)) and self.cfg.audit.stop_on_canary):
+            return
+        # the launch's first step is a resumed checkpoint, or nothing trained yet (a fresh start)
+        path = self.save_checkpoint(step) if step > self.start_step else None
+        if path is None and self.start_step == 0 and step == 0:
+            raise CanaryPaid("a canary earned reward before training (audit.stop_on_canary): fix the verifier, "
+                             "then start again")
+        raise CanaryPaid(f"a canary earned reward at step {step} (audit.stop_on_canary): fix the verifier, then "
+                         f"{resume_hint(path)}")
 
     def _alarm(self, step: int, alarms: list[str]) -> None:
         for alarm in alarms:

@@ -41,9 +41,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from domains.api import FAILURE_STATUSES, Domain, DomainConfig, Status, Task, VerifyResult
+from domains.api import FAILURE_STATUSES, Canary, Domain, DomainConfig, Status, Task, VerifyResult
 from domains.code.hidden import (SCORED_KEY, TOO_FEW, HiddenTestsConfig, heldout_version, scored_cases, scoring_subset,
                                  with_subset)
+from domains.code.canaries import CANARIES
 from domains.code.program import assemble, call_output_matches, futures_first, stdout_matches, typing_preamble
 from domains.verify.sandbox import SandboxConfig, SandboxProcess, SandboxUnavailable, run_script, self_test
 from domains.verify.sandbox_harness import decode_value
@@ -470,3 +471,6 @@ class CodeDomain(Domain):
 
     def heldout(self, level: int, n: int, seed: int) -> list[Task]:
         return [heldout_version(t, self.config.hidden_tests) for t in super().heldout(level, n, seed)]
+
+    def canaries(self) -> dict[str, Canary]:
+        return CANARIES

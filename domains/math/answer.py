@@ -42,7 +42,8 @@ from typing import Any
 
 from pydantic import Field
 
-from domains.api import Domain, DomainConfig, Status, Task, VerifyResult
+from domains.api import Canary, Domain, DomainConfig, Status, Task, VerifyResult
+from domains.math.canaries import math_canaries
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -334,6 +335,9 @@ class MathAnswerDomain(Domain):
     def reference(self, task: Task) -> str | None:
         """The task's worked solution when it has one (``meta['solution']``), else the boxed answer."""
         return task.meta.get("solution") or _boxed(str(task.payload["answer"]))
+
+    def canaries(self) -> dict[str, Canary]:
+        return math_canaries(self.config.require_boxed)  # type: ignore[attr-defined]
 
     def warm_up(self) -> None:
         # importing math-verify pulls in sympy and its LaTeX grammar: seconds on a busy machine,

@@ -28,8 +28,9 @@ from typing import Any, Callable, ClassVar
 import jsonschema
 from pydantic import Field
 
-from domains.api import Domain, DomainConfig, Status, Task, VerifyResult, stable_hash
+from domains.api import Canary, Domain, DomainConfig, Status, Task, VerifyResult, stable_hash
 from domains.tools.calls import CLOSE, Call, CallFormatError, loads_strict, parse_turn
+from domains.tools.canaries import tool_canaries
 
 MAX_TURN_CHARS = 16_384  # longer assistant turns are malformed before any parsing
 MAX_TRANSCRIPT_CHARS = 262_144
@@ -236,6 +237,9 @@ class ToolDomain(Domain):
             if turn.observation is not None:
                 messages.append({"role": "tool", "content": turn.observation})
         return json.dumps(messages, ensure_ascii=False)
+
+    def canaries(self) -> dict[str, Canary]:
+        return tool_canaries(self)
 
     def target_hash(self, task: Task) -> str:
         env = self.environment(task)
