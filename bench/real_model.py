@@ -30,6 +30,7 @@ from trainer.config import ModelConfig, TrainerConfig  # noqa: E402
 from trainer.losses import group_advantages  # noqa: E402
 from trainer.models import encode_prompt, end_token_ids, load_model, load_policy  # noqa: E402
 from trainer.pretrained import converted_smollm2  # noqa: E402
+from trainer.reference import Reference  # noqa: E402
 from trainer.rollout import generate  # noqa: E402
 from trainer.update import PolicyUpdate  # noqa: E402
 
@@ -77,7 +78,7 @@ def main() -> None:
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
         model.train()
         start = time.perf_counter()
-        PolicyUpdate(model, optimizer, schedule, settings, ref_model=ref)(rollout, advantages)
+        PolicyUpdate(model, optimizer, schedule, settings, reference=Reference.copy(ref, "device", ref.device) if ref else None)(rollout, advantages)
         print(f"update, beta {beta}: {time.perf_counter() - start:.1f} s for {len(prompts)} rows, "
               f"peak RSS {peak_rss_gb():.2f} GB")
 

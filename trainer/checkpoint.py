@@ -13,13 +13,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.adapters import ADAPTER_WEIGHTS, MERGED, has_adapters, load_adapters, save_plain
 from trainer.config import ConfigError
 
 PREFIX = "step-"
 
 
 def save(output_dir: Path, step: int, *, keep: int, model, tokenizer, optimizer, lr_schedule,
-         state: dict[str, Any]) -> Path:
+         state: dict[str, Any], export_merged: bool = False) -> Path:
+    """With LoRA ``model`` saves its adapters alone; ``export_merged`` adds ``merged/``, an ordinary
+    model folder of the base with the adapters merged in."""
     root = output_dir / "checkpoints"
     final = root / f"{PREFIX}{step:07d}"
     tmp = root / f".tmp-{PREFIX}{step:07d}"
@@ -27,6 +30,9 @@ def save(output_dir: Path, step: int, *, keep: int, model, tokenizer, optimizer,
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if export_merged and has_adapters(model):
+        save_plain(model, tmp / MERGED, merged=True)
+        tokenizer.save_pretrained(tmp / MERGED)
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "lr_schedule": lr_schedule.state_dict(), **state},
                tmp / "trainer_state.pt")
     if final.exists():
@@ -67,8 +73,12 @@ def run_folder(checkpoint: Path) -> Path | None:
 def load(path: Path, model, optimizer, lr_schedule) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    weights = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
-    model.load_state_dict(weights)
+    if has_adapters(model):
+        load_adapters(model, path)
+    elif (path / ADAPTER_WEIGHTS).is_file():
+        raise ConfigError(f"resume: {path} holds LoRA adapters; resume it with model.lora.enabled=true")
+    else:
+        model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict())
     state = torch.load(path / "trainer_state.pt", weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
     lr_schedule.load_state_dict(state["lr_schedule"])

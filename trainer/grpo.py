@@ -29,12 +29,14 @@ from domains.verify.backend import make_pool
 from domains.verify.pool import Pool, VerifierPoolBroken
 from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
+from trainer.adapters import attach_lora, save_plain, training_the_base
 from trainer.collect import RolloutCollector
 from trainer.config import ConfigError, PalestraConfig, as_stored_now, changed_settings
 from trainer.evaluate import HeldoutEvaluation, format_eval
 from trainer.health import HealthMonitor
 from trainer.losses import group_advantages
 from trainer.metrics import MetricsLogger
+from trainer.reference import Reference
 from trainer.models import check_model_source, check_resumable, load_model, load_policy, model_path, pick_device
 from trainer.rollout import Sampler, generate
 from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, resume_hint, seed_everything,
@@ -85,7 +87,7 @@ class GRPORecipe:
         self.device = self.world.place(pick_device(cfg.model.device))
         if self.device.type == "cpu":
             torch.set_num_threads(within_share(cfg.trainer.system.cpu_threads))
-        path = self._build_models()
+        path = self._build_models(resuming=latest is not None)
         self.pool = make_pool(self.domains, cfg.verifier)
         self.engine = (VLLMEngine(path, gpu_memory_utilization=cfg.trainer.sampling.vllm_gpu_memory_utilization,
                                   seed=cfg.seed) if cfg.trainer.sampling.rollout_backend == "vllm" else None)
@@ -103,21 +105,41 @@ class GRPORecipe:
             self.logger.write(f"resuming run {self.run_id} at step {self.start_step} with settings changed since it "
                               f"started: {'; '.join(self.resumed_changes)}")
 
-    def _build_models(self) -> str:
+    def _build_models(self, resuming: bool) -> str:
         """The policy (rank 0 builds the tiny model's folder; the other ranks then read it), the KL
-        anchor, the optimizer and its schedule; returns the policy's folder."""
+        reference, the optimizer and its schedule; returns the policy's folder."""
         cfg, t = self.cfg, self.cfg.trainer
         path = self.world.main_first(lambda: model_path(cfg.model, self.output_dir, cfg.seed))
-        self.tokenizer, self.model = load_policy(path, cfg.model, self.device)
-        anchor = self.output_dir / "sft-model"  # written after SFT; present when resuming
-        ref_path = str(anchor) if (anchor / "config.json").exists() else path
-        self.ref_model = load_model(ref_path, self.device).eval() if t.loss.beta > 0 else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.optim.lr, weight_decay=t.optim.weight_decay)
+        anchor = self.output_dir / "sft-model"  # the post-SFT policy, written after SFT; read on resume
+        post_sft = str(anchor) if resuming and (anchor / "config.json").exists() else path
+        if resuming and cfg.model.lora.enabled and post_sft == path:
+            raise ConfigError(f"resume: a LoRA run's adapters sit on its post-SFT base, and {anchor} is missing")
+        # with LoRA a checkpoint holds only the adapters: the base is the post-SFT model
+        self.tokenizer, self.model = load_policy(post_sft if cfg.model.lora.enabled else path, cfg.model, self.device)
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.model.lora.enabled:
+            self.model = attach_lora(self.model, cfg.model.lora)
+            self.world.broadcast_parameters(self.model)  # every rank starts from rank 0's adapters
+        self.reference = self._reference(post_sft)
+        self.ref_model = self.reference.model if self.reference is not None and self.reference.is_copy else None
+        trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters
+        self.optimizer = torch.optim.AdamW(trained, lr=t.optim.lr, weight_decay=t.optim.weight_decay)
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, t.optim.warmup_steps, t.steps, t.optim.lr_decay))
-        self.update = PolicyUpdate(self.model, self.optimizer, self.lr_schedule, t, ref_model=self.ref_model,
+        self.update = PolicyUpdate(self.model, self.optimizer, self.lr_schedule, t, reference=self.reference,
                                    world=self.world, autocast=self._autocast)
         return path
+
+    def _reference(self, post_sft: str) -> Reference | None:
+        """The KL reference: none at beta 0; the adapter-free policy with LoRA; else a copy, placed."""
+        cfg = self.cfg.model
+        if self.cfg.trainer.loss.beta == 0:
+            return None
+        if cfg.lora.enabled:
+            return Reference.adapter_free_policy(self.model)
+        home = self.device if cfg.reference_placement == "device" else torch.device("cpu")
+        return Reference.copy(load_model(post_sft, home), cfg.reference_placement, self.device)
 
     def _curriculum(self, state: dict | None) -> Curriculum | None:
         """Rank 0's curriculum: the run's plans, draws and every store write (the others hold none)."""
@@ -203,16 +225,18 @@ class GRPORecipe:
         cfg = self.cfg
         self.logger.write(f"SFT warm start: {cfg.sft.steps} steps")
         with self._cpu_threads(cfg.sft.cpu_threads):
-            warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.curriculum.draw, seed=cfg.seed,
-                       log=self._log_sft)
+            with training_the_base(self.model):  # with LoRA the warm start trains the base, adapters off
+                warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.curriculum.draw,
+                           seed=cfg.seed, log=self._log_sft)
         # every rank ran the same warm start; rank 0's weights win should a kernel differ
         self.world.broadcast_parameters(self.model)
         self._engine_stale = True
-        if self.ref_model is not None:  # the KL anchor is the policy RL starts from, after SFT
-            self.ref_model.load_state_dict(self.model.state_dict())
-            if self.world.is_main:  # the anchor again on resume, and a model folder of its own
-                self.model.save_pretrained(self.output_dir / "sft-model")
-                self.tokenizer.save_pretrained(self.output_dir / "sft-model")
+        if self.reference is not None:  # the KL anchor is the policy RL starts from, after SFT
+            self.reference.take_weights(self.model)
+        if (self.reference is not None or cfg.model.lora.enabled) and self.world.is_main:
+            # the anchor (and LoRA's base) again on resume, and a model folder of its own
+            save_plain(self.model, self.output_dir / "sft-model", merged=False)
+            self.tokenizer.save_pretrained(self.output_dir / "sft-model")
         self._evaluate(0, "held-out success before GRPO", keep="before")
 
     def train_step(self, step: int) -> dict[str, Any]:
@@ -316,7 +340,7 @@ class GRPORecipe:
         curriculum = self.curriculum.inner.state_dict(allow_unwritten=unwritten is not None)
         return checkpoint.save(
             self.output_dir, step, keep=self.cfg.checkpoint.keep, model=self.model, tokenizer=self.tokenizer,
-            optimizer=self.optimizer, lr_schedule=self.lr_schedule,
+            optimizer=self.optimizer, lr_schedule=self.lr_schedule, export_merged=self.cfg.model.lora.export_merged,
             state={"run_id": self.run_id, **curriculum, "unwritten": unwritten or [], "rng": checkpoint.capture_rng(),
                    "health": self.health.state_dict(), **self.heldout.state_dict()},
         )

@@ -73,7 +73,7 @@ def load_policy(path: str, cfg: ModelConfig, device: torch.device) -> tuple[PreT
 
 def check_resumable(cfg: ModelConfig, checkpoint: Path) -> None:
     """A resume keeps the run's model: other ``model.tiny`` settings would not fit its weights."""
-    if cfg.type != "tiny":
+    if cfg.type != "tiny" or not (checkpoint / "config.json").exists():  # a LoRA checkpoint: adapters alone
         return
     differ = shape_differences(checkpoint, tiny_shape(**cfg.tiny.model_dump()))
     if differ:

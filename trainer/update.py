@@ -21,6 +21,7 @@ from domains.api import Domain, Task
 from trainer.config import TrainerConfig
 from trainer.distributed import World
 from trainer.losses import grpo_loss
+from trainer.reference import Reference
 from trainer.rollout import Rollout, sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss
 
@@ -77,14 +78,14 @@ def padding_bounds(attn: torch.Tensor, mask: torch.Tensor | None, prompt_width: 
 
 
 class PolicyUpdate:
-    """Applies GRPO updates to ``model`` with ``optimizer``; ``ref_model`` anchors the KL term."""
+    """Applies GRPO updates to ``model`` with ``optimizer``; ``reference`` anchors the KL term."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_schedule, settings: TrainerConfig,
-                 *, ref_model: torch.nn.Module | None = None, world: World | None = None,
+                 *, reference: Reference | None = None, world: World | None = None,
                  autocast: Callable[[], ContextManager] = contextlib.nullcontext,
                  alarm: Callable[[str], None] = print) -> None:
         self.model, self.optimizer, self.lr_schedule, self.settings = model, optimizer, lr_schedule, settings
-        self.ref_model, self.world, self.autocast, self.alarm = ref_model, world or World(), autocast, alarm
+        self.reference, self.world, self.autocast, self.alarm = reference, world or World(), autocast, alarm
 
     def __call__(self, rollout: Rollout, advantages: torch.Tensor, blend: SFTBlend | None = None) -> dict[str, float]:
         """Train on ``rollout`` ([B, L] rows) with ``advantages`` [B]; returns the update's statistics."""
@@ -102,7 +103,7 @@ class PolicyUpdate:
                      mask[mine].to(device), advantages[mine].to(device), rollout.prompt_width)
         chunks = [slice(i, min(i + t.optim.micro_batch_size, len(mine))) for i in range(0, len(mine), t.optim.micro_batch_size)]
         old_logp = self.frozen_logprobs(self.model, rows, chunks) if t.optim.mu > 1 else None
-        ref_logp = self.frozen_logprobs(self.ref_model, rows, chunks) if self.ref_model is not None else None
+        ref_logp = self.reference_logprobs(rows, chunks) if self.reference is not None else None
         norm = _Normaliser(t.loss.aggregation, step_rows, total_tokens, stat_rows, stat_tokens)
         stats: dict[str, float] = defaultdict(float)
         grad_norm = 0.0
@@ -156,15 +157,20 @@ class PolicyUpdate:
         self.optimizer.step()
         return grad_norm
 
+    def reference_logprobs(self, rows: "_Rows", chunks: list[slice]) -> torch.Tensor:
+        with self.reference.running() as model:
+            return self.frozen_logprobs(model, rows, chunks)
+
     @torch.no_grad()
     def frozen_logprobs(self, model: torch.nn.Module, rows: "_Rows", chunks: list[slice]) -> torch.Tensor:
         """Log-probs [B, L] under a frozen model (old policy or reference), micro-batch by micro-batch."""
         out = torch.zeros(rows.seqs.shape[0], rows.seqs.shape[1] - rows.prompt_width, device=rows.seqs.device)
+        runs_on = next(model.parameters()).device  # a reference kept on the CPU runs there
         with self.autocast():
             for mb in chunks:
                 left = padding_bounds(rows.attn[mb], None, rows.prompt_width)[0]
-                out[mb] = sequence_logprobs(model, rows.seqs[mb, left:], rows.attn[mb, left:], rows.prompt_width - left,
-                                            temperature=self.settings.sampling.temperature)[0]
+                out[mb] = sequence_logprobs(model, rows.seqs[mb, left:].to(runs_on), rows.attn[mb, left:].to(runs_on),
+                                            rows.prompt_width - left, temperature=self.settings.sampling.temperature)[0]
         return out
 
 
