@@ -17,8 +17,10 @@ from typing import Iterator
 import torch
 
 from trainer.config import ConfigError, LoraConfig
+from trainer.sharding import full_state_dict
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # what peft's save_pretrained writes
+PEFT_PREFIX = "base_model.model."  # how peft's wrapper prefixes the base model's names
 MERGED = "merged"  # a checkpoint's subfolder with the adapters merged into the base (export_merged)
 
 
@@ -69,20 +71,27 @@ def training_the_base(model: torch.nn.Module) -> Iterator[None]:
                 p.requires_grad_(False)
 
 
-def plain_state(model: torch.nn.Module, merged: bool) -> dict[str, torch.Tensor]:
-    """The policy's weights named as a plain model names them: the base's own (``merged=False``), or
-    with each adapter's update added to its layer. Built layer by layer, no copy of the model."""
+def base_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The base's own weights, named as a plain model names them (the adapters left out): the KL
+    reference, and the base a resume attaches the adapters to. Every rank calls it (a sharded
+    model's weights are gathered)."""
+    state = full_state_dict(model)
     if not has_adapters(model):
-        return {name: p.detach() for name, p in model.state_dict().items()}
+        return state
+    return {name.removeprefix(PEFT_PREFIX).replace(".base_layer.", "."): tensor
+            for name, tensor in state.items() if "lora_" not in name}
+
+
+def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights with each adapter's update added to its layer, named as a plain model names them
+    (what the merged export and an inference engine load); layer by layer, no copy of the model."""
     base = model.get_base_model()
     state = {}
     for name, module in base.named_modules():
         if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight"):  # a layer with adapters
-            weight = module.base_layer.weight.detach()
-            if merged:
-                with torch.no_grad():
-                    weight = weight + sum(module.get_delta_weight(a) for a in module.active_adapters)
-            state[f"{name}.weight"] = weight
+            with torch.no_grad():
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
+                state[f"{name}.weight"] = module.base_layer.weight.detach() + delta
             if module.base_layer.bias is not None:
                 state[f"{name}.bias"] = module.base_layer.bias.detach()
     for name, tensor in base.state_dict().items():
@@ -91,11 +100,10 @@ def plain_state(model: torch.nn.Module, merged: bool) -> dict[str, torch.Tensor]
     return state
 
 
-def save_plain(model: torch.nn.Module, folder: Path, merged: bool) -> None:
-    """An ordinary model folder of ``plain_state``: the base (the KL reference and the base a
-    resume attaches the adapters to), or the merged export."""
-    base = model.get_base_model() if has_adapters(model) else model
-    base.save_pretrained(folder, state_dict=plain_state(model, merged))
+def save_plain(model: torch.nn.Module, folder: Path, state: dict[str, torch.Tensor]) -> None:
+    """An ordinary model folder of ``state`` (``base_state`` or ``merged_state``)."""
+    plain = model.get_base_model() if has_adapters(model) else model
+    plain.save_pretrained(folder, state_dict=state)
 
 
 def load_adapters(model: torch.nn.Module, folder: Path) -> None:

@@ -144,6 +144,10 @@ class SystemConfig(Strict):
     # share of the cores.
     update_cpu_threads: int | None = Field(None, ge=1)
     table_every: int = Field(25, gt=0)  # steps between the console's per-domain tables
+    # Under torchrun: replicate, every rank holds the whole model and optimizer; fsdp, they are
+    # sharded over the ranks with FSDP2 (trainer/sharding.py; model.dtype=bfloat16 on CUDA gathers
+    # the weights in bf16). One process trains unsharded either way.
+    sharding: Literal["replicate", "fsdp"] = "replicate"
 
 
 TRAINER_GROUPS: dict[str, type[BaseModel]] = {
@@ -173,6 +177,13 @@ class TrainerConfig(Strict):
         for key in sorted(data.keys() & (FLAT_KEYS.keys() | RETIRED_KEYS)):
             print(f"note: {_flat_key_note(key)}", file=sys.stderr)
         return regroup_trainer(data)
+
+    @model_validator(mode="after")
+    def _fsdp_samples_itself(self) -> "TrainerConfig":
+        if self.system.sharding == "fsdp" and self.sampling.rollout_backend == "vllm":
+            raise ValueError("trainer.system.sharding=fsdp samples with the trainer's own sampler: "
+                             "set trainer.sampling.rollout_backend=hf")
+        return self
 
 
 def regroup_trainer(section: dict[str, Any]) -> dict[str, Any]:
@@ -293,6 +304,13 @@ class PalestraConfig(Strict):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     health: HealthConfig = HealthConfig()
+
+    @model_validator(mode="after")
+    def _merged_export_unsharded(self) -> "PalestraConfig":
+        if self.model.lora.export_merged and self.trainer.system.sharding == "fsdp":
+            raise ValueError("model.lora.export_merged needs the whole model on one rank: use "
+                             "trainer.system.sharding=replicate, or merge a checkpoint's adapters afterwards")
+        return self
 
     @field_validator("domains", mode="before")
     @classmethod

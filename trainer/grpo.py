@@ -29,7 +29,7 @@ from domains.verify.backend import make_pool
 from domains.verify.pool import Pool, VerifierPoolBroken
 from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
-from trainer.adapters import attach_lora, save_plain, training_the_base
+from trainer.adapters import attach_lora, base_state, save_plain, training_the_base
 from trainer.collect import RolloutCollector
 from trainer.config import ConfigError, PalestraConfig, as_stored_now, changed_settings
 from trainer.evaluate import HeldoutEvaluation, format_eval
@@ -37,6 +37,7 @@ from trainer.health import HealthMonitor
 from trainer.losses import group_advantages
 from trainer.metrics import MetricsLogger
 from trainer.reference import Reference
+from trainer.sharding import all_finite, gathered, is_sharded, shard
 from trainer.models import check_model_source, check_resumable, load_model, load_policy, model_path, pick_device
 from trainer.rollout import Sampler, generate
 from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, resume_hint, seed_everything,
@@ -121,6 +122,8 @@ class GRPORecipe:
         if cfg.model.lora.enabled:
             self.model = attach_lora(self.model, cfg.model.lora)
             self.world.broadcast_parameters(self.model)  # every rank starts from rank 0's adapters
+        if t.system.sharding == "fsdp" and self.world.size > 1:
+            shard(self.model, self.world, self.device, bf16=self.device.type == "cuda" and cfg.model.dtype == "bfloat16")
         self.reference = self._reference(post_sft)
         self.ref_model = self.reference.model if self.reference is not None and self.reference.is_copy else None
         trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters
@@ -225,25 +228,30 @@ class GRPORecipe:
         cfg = self.cfg
         self.logger.write(f"SFT warm start: {cfg.sft.steps} steps")
         with self._cpu_threads(cfg.sft.cpu_threads):
-            with training_the_base(self.model):  # with LoRA the warm start trains the base, adapters off
+            # with LoRA the warm start trains the base, adapters off; sharded ranks all compute the
+            # same batch's gradient and sum them, so each takes its share
+            with training_the_base(self.model):
                 warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.curriculum.draw,
-                           seed=cfg.seed, log=self._log_sft)
-        # every rank ran the same warm start; rank 0's weights win should a kernel differ
-        self.world.broadcast_parameters(self.model)
+                           seed=cfg.seed, log=self._log_sft,
+                           grad_scale=1 / self.world.size if is_sharded(self.model) else 1.0)
+        if not is_sharded(self.model):  # every rank ran the same warm start; rank 0's weights win
+            self.world.broadcast_parameters(self.model)  # should a kernel differ
         self._engine_stale = True
-        if self.reference is not None:  # the KL anchor is the policy RL starts from, after SFT
-            self.reference.take_weights(self.model)
-        if (self.reference is not None or cfg.model.lora.enabled) and self.world.is_main:
-            # the anchor (and LoRA's base) again on resume, and a model folder of its own
-            save_plain(self.model, self.output_dir / "sft-model", merged=False)
-            self.tokenizer.save_pretrained(self.output_dir / "sft-model")
+        if self.reference is not None or cfg.model.lora.enabled:
+            post_sft = base_state(self.model)  # on every rank: a sharded model's weights are gathered
+            if self.reference is not None:  # the KL anchor is the policy RL starts from, after SFT
+                self.reference.take_weights(post_sft)
+            if self.world.is_main:  # the anchor (and LoRA's base) again on resume, and a model folder of its own
+                save_plain(self.model, self.output_dir / "sft-model", post_sft)
+                self.tokenizer.save_pretrained(self.output_dir / "sft-model")
         self._evaluate(0, "held-out success before GRPO", keep="before")
 
     def train_step(self, step: int) -> dict[str, Any]:
         t = self.cfg.trainer
         timer: dict[str, float] = defaultdict(float)
         plan = self.curriculum.plan(step)
-        rollouts = self.collector.collect_step(plan, self.curriculum, timer)
+        with gathered(self.model):  # sharded: the full weights, so ranks may sample unequal amounts
+            rollouts = self.collector.collect_step(plan, self.curriculum, timer)
         advantages = group_advantages(rollouts.batch.rewards, t.loss.advantage_std)  # [P, G]
         start = time.perf_counter()
         blend = self._blend(step, rollouts.batch.tasks)
@@ -281,9 +289,10 @@ class GRPORecipe:
     # -- evaluation, alarms and threads -------------------------------------------------------------
     def _evaluate(self, step: int, title: str, keep: str | None = None) -> None:
         """Held-out success, logged, printed and stored; ``keep`` files it under "before" or "after" GRPO."""
-        if not self.world.is_main:  # rank 0 evaluates; the others wait for it at the next step
-            return
-        metrics = self.heldout.run(self.model, self.tokenizer, self.pool, self._sampler(), keep=keep)
+        with gathered(self.model):  # sharded: every rank gathers the weights, rank 0 evaluates on them
+            if not self.world.is_main:  # rank 0 evaluates; the others wait for it at the next step
+                return
+            metrics = self.heldout.run(self.model, self.tokenizer, self.pool, self._sampler(), keep=keep)
         self.logger.log(step, metrics, phase="eval")
         self.logger.write(format_eval(metrics, title))
         try:
@@ -331,19 +340,22 @@ class GRPORecipe:
                                f"fix the store, then {resume_hint(path)}") from exc
 
     def save_checkpoint(self, step: int, unwritten: list[tuple] | None = None) -> Path | None:
-        if not self.world.is_main:  # the ranks hold the same weights; rank 0 holds everything else
+        # replicated ranks hold the same weights and rank 0 everything else; sharded ones each save their shards
+        if not self.world.is_main and not is_sharded(self.model):
             return None
-        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+        if not all_finite(self.model, self.world):
             # never let a poisoned model replace a good checkpoint
             self._alarm(step, ["non-finite weights: checkpoint not saved"])
             return None
-        curriculum = self.curriculum.inner.state_dict(allow_unwritten=unwritten is not None)
+        state = {}
+        if self.world.is_main:
+            curriculum = self.curriculum.inner.state_dict(allow_unwritten=unwritten is not None)
+            state = {"run_id": self.run_id, **curriculum, "unwritten": unwritten or [], "rng": checkpoint.capture_rng(),
+                     "health": self.health.state_dict(), **self.heldout.state_dict()}
         return checkpoint.save(
             self.output_dir, step, keep=self.cfg.checkpoint.keep, model=self.model, tokenizer=self.tokenizer,
             optimizer=self.optimizer, lr_schedule=self.lr_schedule, export_merged=self.cfg.model.lora.export_merged,
-            state={"run_id": self.run_id, **curriculum, "unwritten": unwritten or [], "rng": checkpoint.capture_rng(),
-                   "health": self.health.state_dict(), **self.heldout.state_dict()},
-        )
+            state=state, world=self.world)
 
     def cleanup(self, status: str = "finished") -> None:
         if self.pool is not None:

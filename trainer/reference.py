@@ -56,7 +56,8 @@ class Reference:
             if moved:
                 self.model.to(self.home)
 
-    def take_weights(self, policy: torch.nn.Module) -> None:
-        """Become the policy as it is now (after the warm start); the adapter-free policy already is."""
+    def take_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Become the policy as it is now (``state``: its base weights, after the warm start); the
+        adapter-free policy already is."""
         if self.is_copy:
-            self.model.load_state_dict(policy.state_dict())
+            self.model.load_state_dict(state)

@@ -22,6 +22,7 @@ from trainer.config import TrainerConfig
 from trainer.distributed import World
 from trainer.losses import grpo_loss
 from trainer.reference import Reference
+from trainer.sharding import is_sharded, join_passes, most_passes, total_norm
 from trainer.rollout import Rollout, sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss
 
@@ -111,10 +112,13 @@ class PolicyUpdate:
             self.optimizer.zero_grad(set_to_none=True)
             for mb in chunks:
                 self._policy_loss(rows, mb, old_logp, ref_logp, norm, stats)
-            if blend is not None and blend.pairs:
+            self._join_others(self.model, len(chunks), backward=True)
+            blended = blend is not None and bool(blend.pairs)
+            if blended:
                 sft = supervised_loss(self.model, blend.pairs, blend.pad_id)
                 (t.loss.sft_coef * blend.share * sft).backward()
                 stats["sft_loss"] += sft.item() * blend.share / t.optim.mu
+            self._join_others(self.model, int(blended), backward=True)
             grad_norm += self.optimizer_step() / t.optim.mu
         # a step that trained no row measured no KL or entropy: those keys stay out (not zeros)
         keys = ["loss", "policy_loss"] + (["kl", "clip_low_frac", "clip_high_frac", "entropy"] if len(trained) else [])
@@ -147,8 +151,9 @@ class PolicyUpdate:
 
     def optimizer_step(self) -> float:
         """Sum the ranks' gradients, clip, step; a non-finite gradient norm skips the step (and says so)."""
-        self.world.sum_gradients(self.model)  # each rank's share of the step's gradient -> the whole
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.grad_clip))
+        if not is_sharded(self.model):  # a sharded model's backward has summed them already
+            self.world.sum_gradients(self.model)  # each rank's share of the step's gradient -> the whole
+        grad_norm = total_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.grad_clip))
         if not math.isfinite(grad_norm):
             # A NaN/inf gradient would poison the weights; skip this update and say so.
             self.alarm(f"alarm: non-finite gradient norm ({grad_norm}); update skipped")
@@ -171,7 +176,14 @@ class PolicyUpdate:
                 left = padding_bounds(rows.attn[mb], None, rows.prompt_width)[0]
                 out[mb] = sequence_logprobs(model, rows.seqs[mb, left:].to(runs_on), rows.attn[mb, left:].to(runs_on),
                                             rows.prompt_width - left, temperature=self.settings.sampling.temperature)[0]
+        self._join_others(model, len(chunks), backward=False)
         return out
+
+    def _join_others(self, model: torch.nn.Module, passes: int, backward: bool) -> None:
+        """A sharded model's forwards (and backwards) are collectives: after its own ``passes``,
+        this rank joins as many more as the busiest rank made (a no-op for a plain model)."""
+        if is_sharded(model) and self.world.size > 1:
+            join_passes(model, most_passes(self.world, passes) - passes, backward)
 
 
 @dataclass

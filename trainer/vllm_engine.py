@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from trainer.adapters import has_adapters, plain_state
+from trainer.adapters import has_adapters, merged_state
 from trainer.rollout import Rollout, StopText, as_ids, assemble, left_pad
 
 
@@ -59,7 +59,7 @@ class VLLMEngine:
         target = self._engine_model()
         with torch.no_grad():
             # with LoRA the engine serves the base with the adapters merged in
-            weights = plain_state(model, merged=True).items() if has_adapters(model) else model.named_parameters()
+            weights = merged_state(model).items() if has_adapters(model) else model.named_parameters()
             target.load_weights((name, p.detach()) for name, p in weights)
         self.llm.reset_prefix_cache()
 
