@@ -26,7 +26,8 @@ def sharded_weights(output_dir: Path, step: int) -> dict[str, torch.Tensor]:
     optimizer = torch.optim.AdamW(model.parameters())
     load_sharded(output_dir / "checkpoints" / f"step-{step:07d}", model, optimizer)
     # as safetensors files hold them: a tied output head once, under the embedding's name
-    return {k: v.clone() for k, v in model.state_dict().items() if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
+    tied = model.config.tie_word_embeddings
+    return {k: v.clone() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
 
 
 def one_process(tmp_path: Path, name: str, overrides: list[str]) -> dict:

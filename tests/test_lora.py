@@ -118,3 +118,24 @@ def test_a_lora_target_the_model_lacks_is_a_one_line_error(tmp_path):
             recipe.setup()
     finally:
         recipe.cleanup()
+
+
+@pytest.mark.slow  # two runs, ~50 s on a 2-core machine
+def test_two_ranks_train_lora_like_one_process(tmp_path):
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from test_distributed import HERE, OVERRIDES, _env, _rows, _torchrun
+    from test_fsdp import one_process
+
+    with_lora = [*OVERRIDES, "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8"]
+    two = subprocess.run(_torchrun("trainer.app", f"hydra.run.dir={tmp_path / 'two'}", *with_lora), cwd=HERE.parent,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(PALESTRA_DIST_TIMEOUT_S="300"))
+    assert two.returncode == 0, two.stdout.decode()[-3000:]
+    one_process(tmp_path, "one", with_lora)
+    assert _rows(tmp_path / "two") == _rows(tmp_path / "one")  # the rehearsal blend included (OVERRIDES)
+    adapters = [load_file(tmp_path / run / "checkpoints" / "step-0000002" / "adapter_model.safetensors")
+                for run in ("one", "two")]
+    assert any(float(v.abs().max()) > 0 for k, v in adapters[0].items() if "lora_B" in k)  # they trained
+    torch.testing.assert_close(adapters[1], adapters[0], rtol=0, atol=1e-5)

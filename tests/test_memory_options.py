@@ -1,8 +1,9 @@
 """Gradient checkpointing and the KL reference's placement: memory options that leave the update as it was."""
+import pytest
 import torch
 
 from trainer.app import run
-from trainer.config import validate_config
+from trainer.config import ConfigError, validate_config
 from trainer.grpo import GRPORecipe
 from trainer.reference import Reference
 from test_lora import settings
@@ -55,3 +56,10 @@ def test_a_reference_kept_on_the_cpu_trains_as_one_on_the_device(tmp_path):
     summaries = [run(validate_config(settings(tmp_path / placement, steps=1, model={"reference_placement": placement})))
                  for placement in ("device", "offload")]
     assert summaries[0]["after"] == summaries[1]["after"]
+
+
+def test_a_merged_export_of_a_sharded_model_is_refused_in_one_line(tmp_path):
+    raw = settings(tmp_path, model={"lora": {"enabled": True, "export_merged": True}})
+    raw["trainer"] = {**raw["trainer"], "system": {**raw["trainer"]["system"], "sharding": "fsdp"}}
+    with pytest.raises(ConfigError, match="model.lora.export_merged needs the whole model on one rank"):
+        validate_config(raw)

@@ -88,7 +88,8 @@ def load(path: Path, model, optimizer, lr_schedule) -> dict[str, Any]:
     if (path / SHARDED).is_dir():  # written by any number of ranks, read by as many as this run has
         load_sharded(path, model, optimizer)
     elif is_sharded(model):
-        raise ConfigError(f"resume: {path} was saved by replicated ranks; resume it with trainer.system.sharding=replicate")
+        raise ConfigError(f"resume: {path} was saved by replicated ranks; "
+                          "resume it with trainer.system.sharding=replicate")
     elif has_adapters(model):
         load_adapters(model, path)
     elif (path / ADAPTER_WEIGHTS).is_file():

@@ -123,7 +123,8 @@ class GRPORecipe:
             self.model = attach_lora(self.model, cfg.model.lora)
             self.world.broadcast_parameters(self.model)  # every rank starts from rank 0's adapters
         if t.system.sharding == "fsdp" and self.world.size > 1:
-            shard(self.model, self.world, self.device, bf16=self.device.type == "cuda" and cfg.model.dtype == "bfloat16")
+            bf16 = self.device.type == "cuda" and cfg.model.dtype == "bfloat16"  # gathered in bf16, reduced in fp32
+            shard(self.model, self.world, self.device, bf16=bf16)
         self.reference = self._reference(post_sft)
         self.ref_model = self.reference.model if self.reference is not None and self.reference.is_copy else None
         trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters
@@ -333,9 +334,12 @@ class GRPORecipe:
     def _checkpoint_unwritten(self, step: int, exc: Exception) -> None:
         """The store stayed unreachable: save a checkpoint that carries the unwritten steps, then stop."""
         unwritten = self.curriculum.inner.take_unwritten()
-        path = self.save_checkpoint(step, unwritten=unwritten)
+        # rank 0 alone is here: the other ranks cannot join a sharded save
+        alone = is_sharded(self.model)
+        path = None if alone else self.save_checkpoint(step, unwritten=unwritten)
+        why = "sharded: rank 0 cannot save alone" if alone else "non-finite weights"
         saved = (f"saved checkpoint {path} with {len(unwritten)} unwritten step(s)" if path is not None
-                 else f"saved no checkpoint (non-finite weights): {len(unwritten)} unwritten step(s) are lost")
+                 else f"saved no checkpoint ({why}): {len(unwritten)} unwritten step(s) are lost")
         raise StoreUnavailable(f"the stats store is unreachable ({one_line(exc)}); {saved}; "
                                f"fix the store, then {resume_hint(path)}") from exc
 
