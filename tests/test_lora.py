@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from trainer.adapters import merged_state
 from trainer.app import run
 from trainer.config import ConfigError, validate_config
 from trainer.grpo import GRPORecipe
@@ -87,6 +88,9 @@ def test_lora_holds_one_copy_of_the_base_and_its_reference_is_the_post_sft_model
         # and the trained adapters move the policy away from it
         policy = recipe.update.frozen_logprobs(recipe.model, rows, chunks)
         assert not torch.allclose(policy, reference, atol=1e-3)
+        # the merged weights (the merged export's, and what a vLLM engine is sent) are the policy
+        base.load_state_dict(merged_state(recipe.model))
+        assert torch.allclose(recipe.update.frozen_logprobs(base, rows, chunks), policy, atol=1e-5)
     finally:
         recipe.cleanup()
 
