@@ -9,16 +9,18 @@ optimizer and (beta > 0) its KL reference are built, one update warms up (AdamW 
 moments), then the peak is reset and a second update is measured: a GRPO update of ``--rows``
 sequences of ``--prompt`` + ``--completion`` tokens in micro-batches of ``--micro``, beta 0.1.
 The peak is the resident set's high-water mark on the CPU (/proc's VmHWM, reset between the two
-updates) and allocated memory on a GPU. Rows are measured in one run, so compare them with each
+updates) and allocated memory on a GPU. Each process runs one torch thread (``--threads``), so
+the times of a busy shared machine are not those of threads spin-waiting on each other; FSDP's
+two ranks are then two threads. Rows are measured in one run, so compare them with each
 other: absolute figures depend on the machine and its load.
 
-| setup | what it is |
+| setup (``--only``) | what it is |
 |---|---|
 | full | full fine-tuning, the reference a second copy on the device (the default) |
-| full, reference on CPU | the same, the reference kept and run on the CPU (model.reference_placement=cpu) |
-| LoRA | adapters only (model.lora.enabled); the reference is the policy with its adapters off |
-| LoRA + checkpointing | and model.gradient_checkpointing |
-| FSDP, 2 ranks | full fine-tuning sharded over two ranks (trainer.system.sharding=fsdp); per rank |
+| cpu-reference | the same, the reference kept and run on the CPU (model.reference_placement=cpu) |
+| lora | adapters only (model.lora.enabled); the reference is the policy with its adapters off |
+| lora-checkpointing | and model.gradient_checkpointing |
+| fsdp | full fine-tuning sharded over two ranks (trainer.system.sharding=fsdp); the larger rank's peak |
 """
 from __future__ import annotations
 
@@ -35,12 +37,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SETUPS = {  # name -> (model settings, ranks)
-    "full": ({}, 1),
-    "full, reference on CPU": ({"reference_placement": "cpu"}, 1),
-    "LoRA": ({"lora": {"enabled": True}}, 1),
-    "LoRA + checkpointing": ({"lora": {"enabled": True}, "gradient_checkpointing": True}, 1),
-    "FSDP, 2 ranks": ({}, 2),
+SETUPS = {  # key -> (what the table calls it, model settings, ranks)
+    "full": ("full", {}, 1),
+    "cpu-reference": ("full, reference on CPU", {"reference_placement": "cpu"}, 1),
+    "lora": ("LoRA", {"lora": {"enabled": True}}, 1),
+    "lora-checkpointing": ("LoRA + checkpointing", {"lora": {"enabled": True}, "gradient_checkpointing": True}, 1),
+    "fsdp": ("FSDP, 2 ranks", {}, 2),
 }
 SHAPE_358M = dict(hidden_size=896, layers=24, heads=14, kv_heads=2, intermediate_size=4864)  # bench/gpu_check.py's
 
@@ -52,8 +54,10 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--completion", type=int, default=64)
     parser.add_argument("--micro", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads a process (1: no spin-waiting threads on a busy machine)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--only", help="comma-separated setups (default: all that fit the device)")
+    parser.add_argument("--only", help=f"comma-separated setups of {', '.join(SETUPS)} (default: all that fit)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: measure one setup in this process
     args = parser.parse_args()
     if args.measure:
@@ -61,29 +65,31 @@ def main() -> None:
         return
     chosen = args.only.split(",") if args.only else list(SETUPS)
     if args.device == "cuda" and torch.cuda.device_count() < 2:
-        chosen = [name for name in chosen if SETUPS[name][1] == 1]  # one GPU: single-rank figures
+        chosen = [name for name in chosen if SETUPS[name][2] == 1]  # one GPU: single-rank figures
     unit = "allocated" if args.device == "cuda" else "peak RSS"
     print(f"model {args.model} on {args.device}: one update of {args.rows} rows x {args.prompt}+{args.completion} "
           f"tokens, micro-batches of {args.micro}, beta 0.1")
-    print(f"| setup | {unit} (GiB) | vs full | update (s) | vs full |\n|---|---|---|---|---|")
+    first = SETUPS[chosen[0]][0]
+    print(f"| setup | {unit} (GiB) | vs {first} | update (s) | vs {first} |\n|---|---|---|---|---|")
     model_folder(args.model)  # built (or converted) once, before any rank reads it
     base = None
     for name in chosen:
         result = launch(args, name)
         base = base or result
-        print(f"| {name} | {result['peak_gib']:.2f} | {result['peak_gib'] / base['peak_gib']:.2f} | "
+        print(f"| {SETUPS[name][0]} | {result['peak_gib']:.2f} | {result['peak_gib'] / base['peak_gib']:.2f} | "
               f"{result['seconds']:.2f} | {result['seconds'] / base['seconds']:.2f} |", flush=True)
 
 
 def launch(args: argparse.Namespace, name: str) -> dict:
     """One setup measured in fresh processes; with several ranks, the largest rank's peak."""
-    ranks = SETUPS[name][1]
-    argv = [a for a in sys.argv[1:] if not a.startswith("--only")] + ["--measure", name]
+    ranks = SETUPS[name][2]
+    keys = ("model", "rows", "prompt", "completion", "micro", "threads", "device")
+    argv = [f"--{key}={getattr(args, key)}" for key in keys]
+    argv += ["--measure", name]
     script = [str(Path(__file__).resolve()), *argv]
     command = ([sys.executable, *script] if ranks == 1 else
                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), *script])
-    cores = len(os.sched_getaffinity(0))
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cores // ranks)), "TQDM_DISABLE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TQDM_DISABLE": "1"}
     out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -102,8 +108,9 @@ def measure(args: argparse.Namespace, name: str) -> dict:
     from trainer.sharding import shard
     from trainer.update import PolicyUpdate
 
-    settings, ranks = SETUPS[name]
+    _, settings, ranks = SETUPS[name]
     world = distributed.init()
+    torch.set_num_threads(args.threads)
     device = world.place(torch.device(args.device))
     path = model_folder(args.model)
     model = load_model(path, device)
