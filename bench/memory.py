@@ -102,8 +102,8 @@ def measure(args: argparse.Namespace, name: str) -> dict:
     from trainer import distributed
     from trainer.adapters import attach_lora
     from trainer.config import LoraConfig, TrainerConfig
-    from trainer.models import load_model
-    from trainer.reference import Reference
+    from trainer.models import checkpoint_activations, load_model
+    from trainer.reference import make_reference
     from trainer.runtime import autocast
     from trainer.sharding import shard
     from trainer.update import PolicyUpdate
@@ -115,17 +115,12 @@ def measure(args: argparse.Namespace, name: str) -> dict:
     path = model_folder(args.model)
     model = load_model(path, device)
     if settings.get("gradient_checkpointing"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    reference = None
+        checkpoint_activations(model)
     if "lora" in settings:
         model = attach_lora(model, LoraConfig(**settings["lora"]))
-        reference = Reference.adapter_free_policy(model)
     if ranks > 1:
         shard(model, world, device, bf16=False)
-    if reference is None:
-        placement = settings.get("reference_placement", "device")
-        home = device if placement == "device" else torch.device("cpu")
-        reference = Reference.copy(load_model(path, home), placement, device)
+    reference = make_reference(model, path, settings.get("reference_placement", "device"), device, world)
     trainer = TrainerConfig.model_validate({
         "optim": {"mu": 1, "micro_batch_size": args.micro, "lr": 1e-6},
         "loss": {"beta": 0.1, "sft_coef": 0.0, "skip_zero_advantage": False},

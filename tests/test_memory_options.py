@@ -24,7 +24,6 @@ def test_gradient_checkpointing_recomputes_the_layers_and_trains_the_same(tmp_pa
         recipe = GRPORecipe(validate_config(cfg))
         try:
             recipe.setup()
-            assert recipe.model.is_activation_checkpointing == checkpointing
             counted = decoder_layer_calls(recipe)
             recipe.train()
             calls[checkpointing] = counted[0]

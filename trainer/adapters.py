@@ -103,7 +103,7 @@ def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def save_plain(model: torch.nn.Module, folder: Path, state: dict[str, torch.Tensor]) -> None:
     """An ordinary model folder of ``state`` (``base_state`` or ``merged_state``)."""
     plain = model.get_base_model() if has_adapters(model) else model
-    plain.save_pretrained(folder, state_dict=state)
+    plain.save_pretrained(folder, state_dict=dict(state))  # a copy: it drops tied weights' keys from the one given
 
 
 def load_adapters(model: torch.nn.Module, folder: Path) -> None:

@@ -36,9 +36,10 @@ from trainer.evaluate import HeldoutEvaluation, format_eval
 from trainer.health import HealthMonitor
 from trainer.losses import group_advantages
 from trainer.metrics import MetricsLogger
-from trainer.reference import Reference
+from trainer.reference import make_reference
 from trainer.sharding import all_finite, gathered, is_sharded, shard
-from trainer.models import check_model_source, check_resumable, load_model, load_policy, model_path, pick_device
+from trainer.models import (check_model_source, check_resumable, checkpoint_activations, load_policy, model_path,
+                            pick_device)
 from trainer.rollout import Sampler, generate
 from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, resume_hint, seed_everything,
                              within_share)
@@ -118,14 +119,15 @@ class GRPORecipe:
         # with LoRA a checkpoint holds only the adapters: the base is the post-SFT model
         self.tokenizer, self.model = load_policy(post_sft if cfg.model.lora.enabled else path, cfg.model, self.device)
         if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            checkpoint_activations(self.model)
         if cfg.model.lora.enabled:
             self.model = attach_lora(self.model, cfg.model.lora)
             self.world.broadcast_parameters(self.model)  # every rank starts from rank 0's adapters
         if t.system.sharding == "fsdp" and self.world.size > 1:
             bf16 = self.device.type == "cuda" and cfg.model.dtype == "bfloat16"  # gathered in bf16, reduced in fp32
             shard(self.model, self.world, self.device, bf16=bf16)
-        self.reference = self._reference(post_sft)
+        self.reference = (make_reference(self.model, post_sft, cfg.model.reference_placement, self.device, self.world)
+                          if t.loss.beta > 0 else None)
         self.ref_model = self.reference.model if self.reference is not None and self.reference.is_copy else None
         trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters
         self.optimizer = torch.optim.AdamW(trained, lr=t.optim.lr, weight_decay=t.optim.weight_decay)
@@ -134,16 +136,6 @@ class GRPORecipe:
         self.update = PolicyUpdate(self.model, self.optimizer, self.lr_schedule, t, reference=self.reference,
                                    world=self.world, autocast=self._autocast)
         return path
-
-    def _reference(self, post_sft: str) -> Reference | None:
-        """The KL reference: none at beta 0; the adapter-free policy with LoRA; else a copy, placed."""
-        cfg = self.cfg.model
-        if self.cfg.trainer.loss.beta == 0:
-            return None
-        if cfg.lora.enabled:
-            return Reference.adapter_free_policy(self.model)
-        home = self.device if cfg.reference_placement == "device" else torch.device("cpu")
-        return Reference.copy(load_model(post_sft, home), cfg.reference_placement, self.device)
 
     def _curriculum(self, state: dict | None) -> Curriculum | None:
         """Rank 0's curriculum: the run's plans, draws and every store write (the others hold none)."""
@@ -240,11 +232,11 @@ class GRPORecipe:
         self._engine_stale = True
         if self.reference is not None or cfg.model.lora.enabled:
             post_sft = base_state(self.model)  # on every rank: a sharded model's weights are gathered
-            if self.reference is not None:  # the KL anchor is the policy RL starts from, after SFT
-                self.reference.take_weights(post_sft)
             if self.world.is_main:  # the anchor (and LoRA's base) again on resume, and a model folder of its own
                 save_plain(self.model, self.output_dir / "sft-model", post_sft)
                 self.tokenizer.save_pretrained(self.output_dir / "sft-model")
+            if self.reference is not None:  # the KL anchor is the policy RL starts from, after SFT
+                self.reference.take_weights(post_sft)  # last: a sharded copy may free the gathered tensors
         self._evaluate(0, "held-out success before GRPO", keep="before")
 
     def train_step(self, step: int) -> dict[str, Any]:

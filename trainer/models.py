@@ -109,6 +109,16 @@ def load_model(path: str, device: torch.device) -> torch.nn.Module:
     return model.to(device)
 
 
+def checkpoint_activations(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them
+    (non-reentrant checkpointing; transformers 5 renamed the call)."""
+    settings = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=settings)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=settings)
+
+
 def avoid_per_shape_attention_plans() -> None:
     """Leave cuDNN out of scaled-dot-product attention on CUDA.
 

@@ -13,7 +13,23 @@ from typing import Iterator
 
 import torch
 
-from trainer.adapters import adapter_free
+from trainer.adapters import adapter_free, has_adapters
+from trainer.distributed import World
+from trainer.models import load_model
+from trainer.sharding import is_sharded, load_full_state_dict, shard
+
+
+def make_reference(policy: torch.nn.Module, post_sft: str, placement: str, device: torch.device,
+                   world: World) -> "Reference":
+    """The KL reference of ``policy`` (with beta > 0): the adapter-free policy with LoRA; else a
+    copy of the post-SFT model at ``post_sft``, placed, and sharded like a sharded policy when it
+    lives on the device."""
+    if has_adapters(policy):
+        return Reference.adapter_free_policy(policy)
+    copy = load_model(post_sft, device if placement == "device" else torch.device("cpu"))
+    if is_sharded(policy) and placement == "device":
+        shard(copy, world, device, bf16=False)
+    return Reference.copy(copy, placement, device)
 
 
 class Reference:
@@ -60,4 +76,4 @@ class Reference:
         """Become the policy as it is now (``state``: its base weights, after the warm start); the
         adapter-free policy already is."""
         if self.is_copy:
-            self.model.load_state_dict(state)
+            load_full_state_dict(self.model, state)

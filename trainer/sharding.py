@@ -119,6 +119,16 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
+def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a whole (unsharded) state dict; a sharded model keeps its own shard of each tensor."""
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
 def all_finite(model: torch.nn.Module, world: World) -> bool:
     """Whether every weight is finite, on every rank's shards."""
     local = all(bool(torch.isfinite(_local(p)).all()) for p in model.parameters())
