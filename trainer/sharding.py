@@ -16,6 +16,11 @@ a collective that all ranks must join:
 - in the update, a rank with fewer micro-batches than another (shares differ by a row; a rank
   may have none) joins the others' passes with passes of weight zero (``join_passes``).
 
+The SFT warm start, where every rank computes the same batch's gradient, scales each rank's by
+1/N before the reduce-scatter sums them (it sums for the update; gloo has no reduce-scatter
+that scales by a factor of one's choosing). A KL
+reference copy on the device is sharded like the policy.
+
 Checkpoints of a sharded model are written by every rank with torch.distributed.checkpoint, and
 read back by any number of ranks, sharded or not (``save_sharded``, ``load_sharded``).
 """
@@ -93,6 +98,8 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
 
 def most_passes(world: World, passes: int) -> int:
     """The most passes any rank makes."""
+    if world.size == 1:
+        return passes
     value = torch.tensor([passes])
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return int(value.item())
