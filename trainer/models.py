@@ -74,7 +74,7 @@ def load_policy(path: str, cfg: ModelConfig, device: torch.device) -> tuple[PreT
 
 def check_resumable(cfg: ModelConfig, checkpoint: Path) -> None:
     """A resume keeps the run's model: other ``model.tiny`` settings would not fit its weights."""
-    if cfg.type != "tiny":
+    if cfg.type != "tiny" or not (checkpoint / "config.json").exists():  # a LoRA checkpoint: adapters alone
         return
     differ = shape_differences(checkpoint, tiny_shape(**cfg.tiny.model_dump()))
     if differ:
@@ -108,6 +108,16 @@ def load_model(path: str, device: torch.device) -> torch.nn.Module:
     if device.type == "cuda":
         avoid_per_shape_attention_plans()
     return model.to(device)
+
+
+def checkpoint_activations(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them
+    (non-reentrant checkpointing; transformers 5 renamed the call)."""
+    settings = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=settings)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=settings)
 
 
 def avoid_per_shape_attention_plans() -> None:

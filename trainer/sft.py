@@ -87,7 +87,8 @@ def length_buckets(examples: list[Example], max_tokens: int) -> list[list[Exampl
     return buckets
 
 
-def _accumulate(model, tokenizer, tasks: list[Task], domains: dict[str, Domain], max_tokens: int) -> float | None:
+def _accumulate(model, tokenizer, tasks: list[Task], domains: dict[str, Domain], max_tokens: int,
+                grad_scale: float = 1.0) -> float | None:
     """Backward the batch's loss, the mean over examples of each one's mean token loss, one length
     bucket at a time; returns it (None when no task has a reference). Every example counts alike,
     however long and whichever bucket it shares: the batch's mix of (domain, level) is the draw's,
@@ -96,7 +97,7 @@ def _accumulate(model, tokenizer, tasks: list[Task], domains: dict[str, Domain],
     total = 0.0
     for bucket in length_buckets(examples, max_tokens):
         loss = example_losses(model, bucket, tokenizer.pad_token_id).sum() / len(examples)
-        loss.backward()
+        (loss * grad_scale if grad_scale != 1.0 else loss).backward()
         total += loss.item()
     return total if examples else None
 
@@ -115,8 +116,11 @@ def warm_start_counts(domains: dict[str, Domain], level_decay: float, k: int, rn
 def warm_start(
     model: torch.nn.Module, tokenizer, domains: dict[str, Domain], cfg: SFTConfig, *,
     draw: Callable[[dict[tuple[str, int], int]], list[Task]], seed: int, log: Callable[[int, dict], None],
+    grad_scale: float = 1.0,
 ) -> None:
-    """``cfg.steps`` AdamW steps on batches spread evenly over every (domain, level)."""
+    """``cfg.steps`` AdamW steps on batches spread evenly over every (domain, level). ``grad_scale``
+    scales the gradient (sharded ranks that each compute the same batch's, then sum them, take
+    1/ranks of it)."""
     if cfg.steps == 0:
         return
     rng = random.Random(f"sft/{seed}")
@@ -128,7 +132,7 @@ def warm_start(
     for step in range(1, cfg.steps + 1):
         tasks = draw(warm_start_counts(domains, cfg.level_decay, cfg.batch_size, rng))
         optimizer.zero_grad(set_to_none=True)
-        loss = _accumulate(model, tokenizer, tasks, domains, cfg.micro_batch_tokens)
+        loss = _accumulate(model, tokenizer, tasks, domains, cfg.micro_batch_tokens, grad_scale)
         if loss is None:
             raise RuntimeError("SFT warm start: none of the selected domains provides reference completions")
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -21,6 +21,8 @@ from domains.api import Domain, Task
 from trainer.config import TrainerConfig
 from trainer.distributed import World
 from trainer.losses import grpo_loss
+from trainer.reference import Reference
+from trainer.sharding import is_sharded, join_passes, most_passes, total_norm
 from trainer.rollout import Rollout, sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss
 
@@ -77,14 +79,14 @@ def padding_bounds(attn: torch.Tensor, mask: torch.Tensor | None, prompt_width: 
 
 
 class PolicyUpdate:
-    """Applies GRPO updates to ``model`` with ``optimizer``; ``ref_model`` anchors the KL term."""
+    """Applies GRPO updates to ``model`` with ``optimizer``; ``reference`` anchors the KL term."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_schedule, settings: TrainerConfig,
-                 *, ref_model: torch.nn.Module | None = None, world: World | None = None,
+                 *, reference: Reference | None = None, world: World | None = None,
                  autocast: Callable[[], ContextManager] = contextlib.nullcontext,
                  alarm: Callable[[str], None] = print) -> None:
         self.model, self.optimizer, self.lr_schedule, self.settings = model, optimizer, lr_schedule, settings
-        self.ref_model, self.world, self.autocast, self.alarm = ref_model, world or World(), autocast, alarm
+        self.reference, self.world, self.autocast, self.alarm = reference, world or World(), autocast, alarm
 
     def __call__(self, rollout: Rollout, advantages: torch.Tensor, blend: SFTBlend | None = None) -> dict[str, float]:
         """Train on ``rollout`` ([B, L] rows) with ``advantages`` [B]; returns the update's statistics."""
@@ -102,7 +104,7 @@ class PolicyUpdate:
                      mask[mine].to(device), advantages[mine].to(device), rollout.prompt_width)
         chunks = [slice(i, min(i + t.optim.micro_batch_size, len(mine))) for i in range(0, len(mine), t.optim.micro_batch_size)]
         old_logp = self.frozen_logprobs(self.model, rows, chunks) if t.optim.mu > 1 else None
-        ref_logp = self.frozen_logprobs(self.ref_model, rows, chunks) if self.ref_model is not None else None
+        ref_logp = self.reference_logprobs(rows, chunks) if self.reference is not None else None
         norm = _Normaliser(t.loss.aggregation, step_rows, total_tokens, stat_rows, stat_tokens)
         stats: dict[str, float] = defaultdict(float)
         grad_norm = 0.0
@@ -110,10 +112,13 @@ class PolicyUpdate:
             self.optimizer.zero_grad(set_to_none=True)
             for mb in chunks:
                 self._policy_loss(rows, mb, old_logp, ref_logp, norm, stats)
-            if blend is not None and blend.pairs:
+            self._join_others(self.model, len(chunks), backward=True)
+            blended = blend is not None and bool(blend.pairs)
+            if blended:
                 sft = supervised_loss(self.model, blend.pairs, blend.pad_id)
                 (t.loss.sft_coef * blend.share * sft).backward()
                 stats["sft_loss"] += sft.item() * blend.share / t.optim.mu
+            self._join_others(self.model, int(blended), backward=True)
             grad_norm += self.optimizer_step() / t.optim.mu
         # a step that trained no row measured no KL or entropy: those keys stay out (not zeros)
         keys = ["loss", "policy_loss"] + (["kl", "clip_low_frac", "clip_high_frac", "entropy"] if len(trained) else [])
@@ -146,8 +151,9 @@ class PolicyUpdate:
 
     def optimizer_step(self) -> float:
         """Sum the ranks' gradients, clip, step; a non-finite gradient norm skips the step (and says so)."""
-        self.world.sum_gradients(self.model)  # each rank's share of the step's gradient -> the whole
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.grad_clip))
+        if not is_sharded(self.model):  # a sharded model's backward has summed them already
+            self.world.sum_gradients(self.model)  # each rank's share of the step's gradient -> the whole
+        grad_norm = total_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.grad_clip))
         if not math.isfinite(grad_norm):
             # A NaN/inf gradient would poison the weights; skip this update and say so.
             self.alarm(f"alarm: non-finite gradient norm ({grad_norm}); update skipped")
@@ -156,16 +162,28 @@ class PolicyUpdate:
         self.optimizer.step()
         return grad_norm
 
+    def reference_logprobs(self, rows: "_Rows", chunks: list[slice]) -> torch.Tensor:
+        with self.reference.running() as model:
+            return self.frozen_logprobs(model, rows, chunks)
+
     @torch.no_grad()
     def frozen_logprobs(self, model: torch.nn.Module, rows: "_Rows", chunks: list[slice]) -> torch.Tensor:
         """Log-probs [B, L] under a frozen model (old policy or reference), micro-batch by micro-batch."""
         out = torch.zeros(rows.seqs.shape[0], rows.seqs.shape[1] - rows.prompt_width, device=rows.seqs.device)
+        runs_on = next(model.parameters()).device  # a reference kept on the CPU runs there
         with self.autocast():
             for mb in chunks:
                 left = padding_bounds(rows.attn[mb], None, rows.prompt_width)[0]
-                out[mb] = sequence_logprobs(model, rows.seqs[mb, left:], rows.attn[mb, left:], rows.prompt_width - left,
-                                            temperature=self.settings.sampling.temperature)[0]
+                out[mb] = sequence_logprobs(model, rows.seqs[mb, left:].to(runs_on), rows.attn[mb, left:].to(runs_on),
+                                            rows.prompt_width - left, temperature=self.settings.sampling.temperature)[0]
+        self._join_others(model, len(chunks), backward=False)
         return out
+
+    def _join_others(self, model: torch.nn.Module, passes: int, backward: bool) -> None:
+        """A sharded model's forwards (and backwards) are collectives: after its own ``passes``,
+        this rank joins as many more as the busiest rank made (a no-op for a plain model)."""
+        if is_sharded(model) and self.world.size > 1:
+            join_passes(model, most_passes(self.world, passes) - passes, backward)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from trainer.adapters import has_adapters, merged_state
 from trainer.rollout import Rollout, StopText, as_ids, assemble, left_pad
 
 
@@ -57,7 +58,9 @@ class VLLMEngine:
         """Copy the trained policy's parameters into the engine and drop its cached prefixes."""
         target = self._engine_model()
         with torch.no_grad():
-            target.load_weights((name, p.detach()) for name, p in model.named_parameters())
+            # with LoRA the engine serves the base with the adapters merged in
+            weights = merged_state(model).items() if has_adapters(model) else model.named_parameters()
+            target.load_weights((name, p.detach()) for name, p in weights)
         self.llm.reset_prefix_cache()
 
     def _engine_model(self) -> torch.nn.Module:
