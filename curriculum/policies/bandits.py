@@ -102,8 +102,9 @@ class ThompsonPolicy(MixingPolicy):
         # skipped. float32 draws: half the cost, and ties are as unlikely as they need to be.
         sd = np.sqrt(self.var)
         contenders = np.nonzero(self.mean + 6 * sd >= (self.mean - 6 * sd).max())[0]
-        noise = self.rng(step).standard_normal((self.draws, len(contenders)), dtype=np.float32)
-        samples = self.mean[contenders].astype(np.float32) + sd[contenders].astype(np.float32) * noise
+        samples = self.rng(step).standard_normal((self.draws, len(contenders)), dtype=np.float32)
+        samples *= sd[contenders].astype(np.float32)  # in place: mean + sd * noise, no temporaries
+        samples += self.mean[contenders].astype(np.float32)
         wins = np.bincount(contenders[samples.argmax(axis=1)], minlength=self.n)
         return wins / self.draws
 
