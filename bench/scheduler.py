@@ -7,8 +7,10 @@ For every policy and 10 … 10,000 domains (3 levels each), it times ``plan(step
 write — on 64 prompts × 8 completions. Outcomes are built before the clock starts. It prints the
 median CPU and wall milliseconds per step, the same without a store, the time left on the trainer's
 thread with ``write_behind=True`` at 1,000 domains, and last, the worst policy's per-step CPU at
-1,000 domains without a store, with write_behind and with the write in record, each against its
-bound (1, 2 and 5 ms) as a ratio (<= 1 meets it); at 10,000 domains without a store against 5 ms. With ``--reasoning-gym`` (needs the extra) it also times every policy on
+1,000 domains without a store and with write_behind, each against its bound (1 and 2 ms) as a
+ratio (<= 1 meets it), and with the write in record (no bound: that write compresses and stores
+the step's 512 completions, which is what write_behind takes off the trainer's thread); at 10,000
+domains without a store against 5 ms. With ``--reasoning-gym`` (needs the extra) it also times every policy on
 the reasoning-gym domain set — the names and curriculum levels of the ``rg_*`` domains, as a run
 with ``domains=rg_*`` sees them — with the write in record, without a store, and with write_behind
 (the trainer's setting).
@@ -32,7 +34,7 @@ from curriculum.types import Outcome, Plan
 
 PROMPTS, GROUP = 64, 8  # 512 outcomes per step
 # Per-step CPU bounds at 1,000 domains (the trainer's thread for write_behind) and at 10,000
-BOUND_NO_STORE_MS, BOUND_BEHIND_MS, BOUND_INLINE_MS, BOUND_10000_MS = 1.0, 2.0, 5.0, 5.0
+BOUND_NO_STORE_MS, BOUND_BEHIND_MS, BOUND_10000_MS = 1.0, 2.0, 5.0
 GENERATION_S = 0.04  # pause between steps in the write-behind runs (real generation takes seconds)
 COMPLETION = "Let x be the unknown. Then 3x + 4 = 19, so 3x = 15 and x = 5. \\boxed{5}\n" * 3
 
@@ -172,7 +174,7 @@ def worst_line(where: str, no_store: dict, behind: dict, inline: dict) -> str:
     return (f"worst per-step time at {where}: {c0:.2f} ms CPU without a store ({k0}; {c0 / BOUND_NO_STORE_MS:.2f} "
             f"of {BOUND_NO_STORE_MS:g} ms); {c1:.2f} ms CPU ({w1:.2f} ms wall) with write_behind ({k1}; "
             f"{c1 / BOUND_BEHIND_MS:.2f} of {BOUND_BEHIND_MS:g} ms); {c2:.2f} ms CPU ({w2:.2f} ms wall) with the "
-            f"write in record ({k2}; {c2 / BOUND_INLINE_MS:.2f} of {BOUND_INLINE_MS:g} ms)")
+            f"write in record ({k2}; no bound)")
 
 
 def table(kinds: list[str], sizes: list[int], results: dict) -> None:
