@@ -23,6 +23,7 @@ from typing import Any, Callable
 from sqlalchemy.exc import SQLAlchemyError
 
 from curriculum.store import SchemaVersionError, StoreUnavailable
+from curriculum.tables import cell_text
 from domains.api import Task, one_line
 from domains.verify.pool import VerifierPoolBroken
 from domains.registry import DomainError, available, load
@@ -340,19 +341,12 @@ def _renamed(task: Task, name: str) -> Task:
 
 def _table(rows: list[dict], columns: list[str]) -> None:
     columns = [c for c in columns if any(r.get(c) is not None for r in rows)] or columns[:1]
-    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    cells = [[cell_text(r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
 
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from curriculum.tables import cell_text
+
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1200px} img{max-width:100%} "
          "pre{font-size:12px;overflow-x:auto} table{border-collapse:collapse;font-size:12px} "
          "th,td{border:1px solid #ccc;padding:2px 6px;text-align:right} th:first-child,td:first-child"
@@ -52,17 +54,10 @@ def table(rows: list[dict], columns: dict[str, str], formats: dict[str, Callable
     head = "".join(f"<th>{html.escape(title)}</th>" for title in columns.values())
     body = []
     for row in rows:
-        cells = (formats.get(key, _plain)(row.get(key)) for key in columns)
+        cells = (formats.get(key, cell_text)(row.get(key)) for key in columns)
         body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
 
-
-def _plain(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
 
 
 def preformatted(text: str) -> str:

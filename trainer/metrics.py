@@ -9,6 +9,8 @@ from typing import Any
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from curriculum.tables import cell_text
+
 
 class MetricsLogger:
     def __init__(self, output_dir: Path, total_steps: int, table_every: int, enabled_bar: bool = True) -> None:
@@ -53,17 +55,10 @@ def domain_table(metrics: dict[str, Any]) -> str:
     header = f"{'domain':<{width}}" + "".join(f" {c:>10}" for c in columns)
     lines = [f"step {metrics.get('step', '?')}", header]
     for name in sorted(rows):
-        cells = "".join(f" {_fmt(rows[name].get(c)):>10}" for c in columns)
+        cells = "".join(f" {cell_text(rows[name].get(c)):>10}" for c in columns)
         lines.append(f"{name:<{width}}{cells}")
     return "\n".join(lines)
 
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
 
 
 def _plain(value: Any) -> Any:
