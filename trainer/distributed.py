@@ -85,11 +85,15 @@ class World:
 
     def any(self, flag: bool) -> bool:
         """True on every rank if it is true on any (e.g. a stop signal reached one rank)."""
+        return flag if self.size == 1 else bool(self.most(int(flag)))
+
+    def most(self, value: int) -> int:
+        """The largest of the ranks' ``value`` (e.g. the most passes any rank makes), on every rank."""
         if self.size == 1:
-            return flag
-        value = torch.tensor([int(flag)])
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return bool(value.item())
+            return value
+        largest = torch.tensor([value])
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        return int(largest.item())
 
     def sum_floats(self, values: dict[str, float], keys: list[str]) -> dict[str, float]:
         """``values[key]`` summed over the ranks for each key (missing keys count as 0)."""

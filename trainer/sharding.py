@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 
 from trainer.distributed import World
 
@@ -94,15 +93,6 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
         for unit in units:
             unit.reshard()
             unit.set_reshard_after_forward(True, recurse=False)
-
-
-def most_passes(world: World, passes: int) -> int:
-    """The most passes any rank makes."""
-    if world.size == 1:
-        return passes
-    value = torch.tensor([passes])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return int(value.item())
 
 
 def join_passes(model: torch.nn.Module, count: int, backward: bool) -> None:

@@ -22,7 +22,7 @@ from trainer.config import TrainerConfig
 from trainer.distributed import World
 from trainer.losses import grpo_loss
 from trainer.reference import Reference
-from trainer.sharding import is_sharded, join_passes, most_passes, total_norm
+from trainer.sharding import is_sharded, join_passes, total_norm
 from trainer.rollout import Rollout, sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss
 
@@ -183,7 +183,7 @@ class PolicyUpdate:
         """A sharded model's forwards (and backwards) are collectives: after its own ``passes``,
         this rank joins as many more as the busiest rank made (a no-op for a plain model)."""
         if is_sharded(model) and self.world.size > 1:
-            join_passes(model, most_passes(self.world, passes) - passes, backward)
+            join_passes(model, self.world.most(passes) - passes, backward)
 
 
 @dataclass
