@@ -132,7 +132,6 @@ class GRPORecipe:
             shard(self.model, self.world, self.device, bf16=bf16)
         self.reference = (make_reference(self.model, post_sft, cfg.model.reference_placement, self.device, self.world)
                           if t.loss.beta > 0 else None)
-        self.ref_model = self.reference.model if self.reference is not None and self.reference.is_copy else None
         trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters
         self.optimizer = torch.optim.AdamW(trained, lr=t.optim.lr, weight_decay=t.optim.weight_decay)
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -140,6 +139,11 @@ class GRPORecipe:
         self.update = PolicyUpdate(self.model, self.optimizer, self.lr_schedule, t, reference=self.reference,
                                    world=self.world, autocast=self._autocast)
         return path
+
+    @property
+    def ref_model(self) -> torch.nn.Module | None:
+        """The KL reference's own copy of the model: None at beta = 0, and with LoRA (the policy is its reference)."""
+        return self.reference.model if self.reference is not None and self.reference.is_copy else None
 
     def _curriculum(self, state: dict | None) -> Curriculum | None:
         """Rank 0's curriculum: the run's plans, draws and every store write (the others hold none)."""
