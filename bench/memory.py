@@ -37,6 +37,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gpu_check import SMALL_SHAPE  # noqa: E402  (the 358M shape: Qwen2.5-0.5B's layers)
+
 SETUPS = {  # key -> (what the table calls it, model settings, ranks)
     "full": ("full", {}, 1),
     "cpu-reference": ("full, reference on CPU", {"reference_placement": "cpu"}, 1),
@@ -44,7 +46,6 @@ SETUPS = {  # key -> (what the table calls it, model settings, ranks)
     "lora-checkpointing": ("LoRA + checkpointing", {"lora": {"enabled": True}, "gradient_checkpointing": True}, 1),
     "fsdp": ("FSDP, 2 ranks", {}, 2),
 }
-SHAPE_358M = dict(hidden_size=896, layers=24, heads=14, kv_heads=2, intermediate_size=4864)  # bench/gpu_check.py's
 
 
 def main() -> None:
@@ -150,8 +151,8 @@ def model_folder(name: str) -> str:
     if name == "smollm2":
         return str(converted_smollm2(None))
     cache = ROOT / ".bench-models" / name  # built once, by the first process (the same on every rank)
-    shape = {} if name == "tiny" else SHAPE_358M
-    return str(build_tiny_model(cache, **shape, max_positions=1024, seed=0))
+    shape = {"max_positions": 1024} if name == "tiny" else SMALL_SHAPE  # SMALL_SHAPE's is 1024 too
+    return str(build_tiny_model(cache, **shape, seed=0))
 
 
 def synthetic_rows(args: argparse.Namespace, vocab: int):
