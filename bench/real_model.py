@@ -47,7 +47,6 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--micro", type=int, default=8)
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     start = time.perf_counter()
     folder = str(converted_smollm2(None))
     tokenizer, model = load_policy(folder, ModelConfig(type="smollm2"), torch.device("cpu"))
