@@ -185,14 +185,13 @@ class Domain:
         system prompt, and ``example`` (a question and its answer) goes before a chat question as
         an exchange already had: a small chat model copies the answer's format far better than it
         follows words."""
-        systems = [self.config.system_prompt]
         if self.config.prompt_style != "chat":
-            return _with_system(systems, user_prompt(compact))
+            return _with_system(self.config.system_prompt, user_prompt(compact))
         shown = [{"role": "user", "content": example[0]}, {"role": "assistant", "content": example[1]}] if example else []
         if tools:
             return [{"role": "system", "content": self.config.system_prompt or "", "tools": tools},
                     *shown, *user_prompt(chat)]
-        return _with_system(systems, shown + user_prompt(chat))
+        return _with_system(self.config.system_prompt, shown + user_prompt(chat))
 
     def restyle(self, messages: Messages, request: str) -> Messages:
         """A dataset row's own messages in this domain's prompt style: chat adds ``request`` (the
@@ -267,9 +266,9 @@ class DomainFamily(ABC):
         return None
 
 
-def _with_system(texts: list[str | None], messages: Messages) -> Messages:
-    given = [t for t in texts if t]
-    return ([{"role": "system", "content": "\n\n".join(given)}] if given else []) + messages
+def _with_system(text: str | None, messages: Messages) -> Messages:
+    """``messages`` after a system message holding ``text``, when there is one."""
+    return ([{"role": "system", "content": text}] if text else []) + messages
 
 
 def user_prompt(text: str) -> Messages:

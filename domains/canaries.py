@@ -14,7 +14,7 @@ seeded generator) and canary functions are deterministic in the task.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from domains.api import Domain, Task, one_line
+from domains.api import Canary, Domain, Task, one_line
 from domains.verify.pool import Pool
 
 
@@ -47,8 +47,9 @@ def run_canaries(domains: dict[str, Domain], pool: Pool, per_level: int, seed: i
     results: list[CanaryResult] = []
     submitted: list[tuple[str, Task, str]] = []
     for name in sorted(domains):
-        if domains[name].canaries():
-            _write(domains[name], per_level, seed, results, submitted)
+        canaries = domains[name].canaries()
+        if canaries:
+            _write(domains[name], canaries, per_level, seed, results, submitted)
     verdicts = pool.verify_many([(task, completion) for _, task, completion in submitted])
     for (canary, task, _), verdict in zip(submitted, verdicts):
         result = verdict.result
@@ -57,16 +58,16 @@ def run_canaries(domains: dict[str, Domain], pool: Pool, per_level: int, seed: i
     return results
 
 
-def _write(domain: Domain, per_level: int, seed: int, errors: list[CanaryResult],
+def _write(domain: Domain, canaries: dict[str, Canary], per_level: int, seed: int, errors: list[CanaryResult],
            submitted: list[tuple[str, Task, str]]) -> None:
-    """Each canary's completion for each of the domain's canary tasks, into ``submitted``."""
+    """Each of ``canaries``' completions for each of the domain's canary tasks, into ``submitted``."""
     try:
         tasks = canary_tasks(domain, per_level, seed)
     except Exception as exc:  # a plugin that cannot draw its held-out tasks: nothing to write
         errors.append(CanaryResult(domain.name, "(held-out tasks)", 0, "", 0.0, "canary_error", _why(exc)))
         return
     for task in tasks:
-        for canary, write in domain.canaries().items():
+        for canary, write in canaries.items():
             try:
                 completion = write(task)
             except Exception as exc:  # the plugin's canary is broken: say so, verify nothing

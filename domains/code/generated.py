@@ -77,7 +77,7 @@ class _ProceduralCodeDomain(CodeDomain):
     templates: dict[int, tuple[Template, ...]] = {}
 
     def random_arg(self, rng: random.Random) -> Any:
-        raise NotImplementedError
+        raise NotImplementedError(f"domain {self.name!r} must implement random_arg() (one argument for f)")
 
     def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
         if level not in self.templates:

@@ -62,7 +62,10 @@ def hidden_indices(task: Task) -> list[int]:
 
 def full_pool(task: Task) -> list[int] | None:
     """The held-out subset: every hidden case; None when that is every case."""
-    hidden = hidden_indices(task)
+    return _unless_every(task, hidden_indices(task))
+
+
+def _unless_every(task: Task, hidden: list[int]) -> list[int] | None:
     return hidden if len(hidden) < len(task.payload.get("cases", [])) else None
 
 
@@ -73,7 +76,7 @@ def scoring_subset(task: Task, config: HiddenTestsConfig, turn: int) -> list[int
         return None
     pool = hidden_indices(task)
     if len(pool) <= config.score:  # too few to rotate: all of them score
-        return full_pool(task)
+        return _unless_every(task, pool)
     rng = random.Random(stable_hash("hidden-tests", config.seed, task.id, turn))
     return sorted(rng.sample(pool, config.score))
 
@@ -112,8 +115,8 @@ class TooFewToRotate:
             return
         if task.payload.get("format") == "humaneval":
             why = "HumanEval's check() is one function and scores whole"
-        elif len(hidden_indices(task)) <= config.score:
-            why = (f"task {task.meta.get('task_id') or task.id} has {len(hidden_indices(task))} hidden tests, "
+        elif (hidden := len(hidden_indices(task))) <= config.score:
+            why = (f"task {task.meta.get('task_id') or task.id} has {hidden} hidden tests, "
                    f"not more than hidden_tests.score={config.score}")
         else:
             return

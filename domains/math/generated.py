@@ -51,7 +51,7 @@ class ProceduralMath(MathAnswerDomain):
     family = ""
 
     def generators(self) -> dict[int, Generator]:
-        raise NotImplementedError
+        raise NotImplementedError(f"domain {self.name!r} must implement generators() (one per level)")
 
     def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
         generate = self.generators().get(level)

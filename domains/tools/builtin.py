@@ -50,7 +50,7 @@ class ProceduralToolDomain(ToolDomain):
         return [self._draw(level, rng) for _ in range(n)]
 
     def _draw(self, level: int, rng: random.Random) -> Task:
-        raise NotImplementedError
+        raise NotImplementedError(f"domain {self.name!r} must implement _draw()")
 
 
 # -- calculator ------------------------------------------------------------------------------------

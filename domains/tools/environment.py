@@ -115,7 +115,7 @@ class ToolEnvironment:
     # -- state ----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """Canonical JSON-able state; two environments in the same state return equal dicts."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement state()")
 
     def state_hash(self) -> str:
         return stable_hash(self.state())
