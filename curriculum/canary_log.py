@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from curriculum.steps import domain_values
+from curriculum.steps import domain_totals
 from domains.canaries import CanaryResult, canary_alarms
 
 ALARMS_KEY = "canary/alarms"
@@ -31,13 +31,10 @@ def canary_metrics(results: Iterable[CanaryResult]) -> dict[str, Any]:
 
 def canary_counts(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
     """Per domain, canaries verified and paid over every check of a run (its metrics rows)."""
-    totals: dict[str, dict[str, int]] = {}
-    for row in rows:
-        for name in ("canaries", "canaries_paid"):
-            for domain, count in domain_values(row, name).items():
-                counts = totals.setdefault(domain, {"canaries": 0, "canaries_paid": 0})
-                counts[name] += int(count)
-    return totals
+    rows = list(rows)
+    verified, paid = domain_totals(rows, "canaries"), domain_totals(rows, "canaries_paid")
+    return {domain: {"canaries": verified.get(domain, 0), "canaries_paid": paid.get(domain, 0)}
+            for domain in {**verified, **paid}}
 
 
 def canary_alarm_steps(rows: Iterable[Mapping[str, Any]]) -> list[tuple[int, str]]:

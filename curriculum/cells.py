@@ -42,9 +42,7 @@ def cell_counts(outcomes: "list[Outcome] | GroupArrays", table: LevelTable) -> C
     np.minimum.at(lo, member, reward)
     np.maximum.at(hi, member, reward)
     group_cell = cell[first]  # a group belongs to the cell of its first completion
-    count = lambda idx, w=None: np.bincount(idx, weights=w, minlength=n_cells).astype(float)  # noqa: E731
-    return CellCounts(count(cell), count(cell, correct), count(cell, reward), count(cell, abs_adv),
-                      count(group_cell, spread_is_zero(lo, hi).astype(float)), count(group_cell))
+    return _cell_sums(n_cells, cell, group_cell, correct, reward, abs_adv, spread_is_zero(lo, hi).astype(float))
 
 
 def _group_cell_counts(groups: GroupArrays, table: LevelTable) -> CellCounts:
@@ -56,12 +54,19 @@ def _group_cell_counts(groups: GroupArrays, table: LevelTable) -> CellCounts:
         raise ValueError(f"outcome for unknown domain/level {exc.args[0]!r}") from None
     size = groups.reward.shape[1]
     cell = np.repeat(group_cell, size)
-    count = lambda idx, w=None: np.bincount(idx, weights=w, minlength=table.n_cells).astype(float)  # noqa: E731
     reward = groups.reward.astype(float)
     agree = spread_is_zero(reward.min(axis=1), reward.max(axis=1)).astype(float)
-    return CellCounts(count(cell), count(cell, groups.correct.astype(float).ravel()), count(cell, reward.ravel()),
-                      count(cell, np.abs(groups.advantage.astype(float)).ravel()), count(group_cell, agree),
-                      count(group_cell))
+    return _cell_sums(table.n_cells, cell, group_cell, groups.correct.astype(float).ravel(), reward.ravel(),
+                      np.abs(groups.advantage.astype(float)).ravel(), agree)
+
+
+def _cell_sums(n_cells: int, cell: np.ndarray, group_cell: np.ndarray, correct: np.ndarray, reward: np.ndarray,
+               abs_adv: np.ndarray, agree: np.ndarray) -> CellCounts:
+    """The six sums from per-completion values (indexed by ``cell``) and per-group ones (``group_cell``)."""
+    def count(idx: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+        return np.bincount(idx, weights=w, minlength=n_cells).astype(float)
+    return CellCounts(count(cell), count(cell, correct), count(cell, reward), count(cell, abs_adv),
+                      count(group_cell, agree), count(group_cell))
 
 
 def cell_of(table: LevelTable, o: "Outcome") -> int:

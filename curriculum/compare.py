@@ -97,9 +97,12 @@ def load_run(store, run: dict, metric_key: str = "heldout/macro") -> RunCurves |
         return None
     steps = np.array([r["step"] for r in rows], dtype=float)
     macro = np.array([r[metric_key] for r in rows], dtype=float)
-    rollouts = _rollouts(store, run, rows)
+    # a trainer run's budget and zero-variance share come from its step statistics: read them once
+    simulated = all("sim/rollouts" in r and "sim/zero_var_share" in r for r in rows)
+    totals = {} if simulated else {t["step"]: t for t in store.step_totals(run["id"])}
+    rollouts = _rollouts(rows, totals)
     worst = np.array([r.get("heldout/worst_decile", np.nan) for r in rows], dtype=float)
-    zero_var = _zero_var(store, run, rows)
+    zero_var = _zero_var(rows, totals)
     vectors = [(r["step"], r["heldout/domains"]) for r in rows if r.get("heldout/domains") is not None]
     domain_steps = np.array([s for s, _ in vectors], dtype=float)
     domains = np.array([v for _, v in vectors], dtype=float) / 1000.0 if vectors else np.zeros((0, 0))
@@ -107,18 +110,16 @@ def load_run(store, run: dict, metric_key: str = "heldout/macro") -> RunCurves |
                      domain_steps, domains)
 
 
-def _rollouts(store, run: dict, rows: list[dict]) -> np.ndarray:
+def _rollouts(rows: list[dict], totals: dict[int, dict]) -> np.ndarray:
     if all("sim/rollouts" in r for r in rows):
         return np.array([r["sim/rollouts"] for r in rows], dtype=float)
-    # a trainer run: completions per step from the stored step statistics
-    attempts = {t["step"]: t["attempts"] for t in store.step_totals(run["id"])}
-    return np.cumsum([attempts.get(r["step"], 0) for r in rows]).astype(float)
+    # a trainer run: completions per step from the stored step statistics (``step_totals`` by step)
+    return np.cumsum([totals[r["step"]]["attempts"] if r["step"] in totals else 0 for r in rows]).astype(float)
 
 
-def _zero_var(store, run: dict, rows: list[dict]) -> np.ndarray:
+def _zero_var(rows: list[dict], totals: dict[int, dict]) -> np.ndarray:
     if all("sim/zero_var_share" in r for r in rows):
         return np.array([r["sim/zero_var_share"] for r in rows], dtype=float)
-    totals = {t["step"]: t for t in store.step_totals(run["id"])}
     out = [totals[r["step"]]["zero_var_groups"] / totals[r["step"]]["groups"]
            if r["step"] in totals and totals[r["step"]]["groups"] else np.nan for r in rows]
     return np.array(out, dtype=float)

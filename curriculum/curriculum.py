@@ -144,23 +144,25 @@ class Curriculum:
         per_domain = np.array([metrics[f"eval/{n}"] for n in names])
         values = {**{k.replace("eval/", "heldout/", 1): v for k, v in metrics.items()},
                   **heldout_metrics(per_domain, mastery=DEFAULT_MASTERY, with_domains=True)}
-        self.scheduler.flush()  # the step's own row first: merging into it must not race its write
-        self.store.merge_metrics(self.run_id, step, values)
+        self._merge_metrics(step, values)
 
     def record_alarms(self, step: int, alarms: Sequence[str]) -> None:
         """The step's health alarms (all of them: they replace what the step stored) join its
         stored metrics under ``alarms``, where ``palestra report`` lists them."""
         if self.store is None or not alarms:
             return
-        self.scheduler.flush()  # the step's own row first, as for an evaluation
-        self.store.merge_metrics(self.run_id, step, {"alarms": list(alarms)})
+        self._merge_metrics(step, {"alarms": list(alarms)})
 
     def record_canaries(self, step: int, results: Sequence[CanaryResult]) -> None:
         """A canary check's counts (and alarms) join the step's stored metrics (``canary_log``)."""
         if self.store is None:
             return
-        self.scheduler.flush()  # the step's own row first, as for an evaluation
-        self.store.merge_metrics(self.run_id, step, canary_metrics(results))
+        self._merge_metrics(step, canary_metrics(results))
+
+    def _merge_metrics(self, step: int, values: dict) -> None:
+        """Add ``values`` to the step's stored metrics (evaluations, alarms, canary checks)."""
+        self.scheduler.flush()  # the step's own row first: merging into it must not race its write
+        self.store.merge_metrics(self.run_id, step, values)
 
     def flush(self) -> None:
         self.scheduler.flush()

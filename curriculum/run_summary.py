@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from curriculum.canary_log import canary_counts
-from curriculum.steps import domain_values
+from curriculum.steps import domain_totals
 from domains.api import Status
 
 # the verdict columns of `palestra stats` and the report: how each domain's completions were judged
@@ -20,22 +20,14 @@ VERDICT_COLUMNS = {"correct": "correct", "partial": Status.OK.value, "wrong": St
 WINDOW_SHARE = 0.1  # training success "at the start" and "at the end": the first and last tenth of the steps
 
 
-def unscored_counts(metrics: list[dict]) -> dict[str, int]:
-    """Completions each domain's verifier could not judge (summed from the steps' metrics; the
-    results rows keep only their status, ``error``)."""
-    totals: dict[str, int] = {}
-    for row in metrics:
-        for domain, value in domain_values(row, "unscored").items():
-            totals[domain] = totals.get(domain, 0) + int(value)
-    return totals
-
-
 def domain_stats(store, run_id: str, metrics: list[dict] | None = None) -> list[dict]:
     """Per domain, the row ``palestra stats`` prints."""
     rows = store.domain_summary(run_id)
     verdicts = store.verdict_counts(run_id)
     metrics = store.metrics(run_id) if metrics is None else metrics
-    unscored, canaries = unscored_counts(metrics), canary_counts(metrics)
+    # completions the verifier could not judge: summed from the steps' metrics (the results rows
+    # keep only their status, ``error``)
+    unscored, canaries = domain_totals(metrics, "unscored"), canary_counts(metrics)
     for row in rows:
         found = verdicts.get(row["domain"], {})
         row.update({column: found.get(status, 0) for column, status in VERDICT_COLUMNS.items()},

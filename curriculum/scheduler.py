@@ -284,9 +284,10 @@ class _WriteBehind:
             run_id, step, plan, outcomes, metrics, cells, tasks = item
             args = item  # until its rows are built
             try:
-                args = (run_id, step, plan, outcomes, metrics, stat_rows(cells, self.table), tasks)
+                rows = stat_rows(cells, self.table)
+                args = (run_id, step, plan, outcomes, metrics, rows, tasks)
                 if self.error is None:
-                    self.store.write_step(*args[:5], step_stats=args[5], tasks=tasks)
+                    self.store.write_step(run_id, step, plan, outcomes, metrics, step_stats=rows, tasks=tasks)
                 else:
                     self.unwritten.append(args)  # kept, in order, for the checkpoint
             except BaseException as exc:  # handed to the trainer's thread by _raise

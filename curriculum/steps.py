@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -72,6 +72,15 @@ def domain_values(metrics: Mapping[str, Any], name: str) -> dict[str, Any]:
     head, tail = "domain/", f"/{name}"
     return {key[len(head):-len(tail)]: value for key, value in metrics.items()
             if key.startswith(head) and key.endswith(tail) and "/" not in key[len(head):-len(tail)]}
+
+
+def domain_totals(rows: Iterable[Mapping[str, Any]], name: str) -> dict[str, int]:
+    """Per domain, the ``domain/<domain>/<name>`` counts summed over many steps' metrics rows."""
+    totals: dict[str, int] = {}
+    for row in rows:
+        for domain, value in domain_values(row, name).items():
+            totals[domain] = totals.get(domain, 0) + int(value)
+    return totals
 
 
 def format_error_examples(groups: Sequence[Group]) -> dict[str, str]:

@@ -38,16 +38,14 @@ def fold_prompt_delta(total: dict, delta: dict, step: int) -> dict:
     return out
 
 
-def _chunks(items: list, size: int = _PROMPT_KEYS_PER_QUERY):
-    for k in range(0, len(items), size):
-        yield items[k:k + size]
-
-
-def _by_domain(keys: set[tuple[str, str]]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
+def _by_domain(keys: set[tuple[str, str]]):
+    """(domain, task ids) of ``keys``, the ids of a domain in chunks of one query's IN (...) list."""
+    ids: dict[str, list[str]] = {}
     for domain, task_id in sorted(keys):
-        out.setdefault(domain, []).append(task_id)
-    return out
+        ids.setdefault(domain, []).append(task_id)
+    for domain, found in ids.items():
+        for k in range(0, len(found), _PROMPT_KEYS_PER_QUERY):
+            yield domain, found[k:k + _PROMPT_KEYS_PER_QUERY]
 
 
 def stale_prompts(conn: Any, run_id: str, step: int) -> set[tuple[str, str]]:
@@ -60,11 +58,10 @@ def stale_prompts(conn: Any, run_id: str, step: int) -> set[tuple[str, str]]:
 def stored_prompt_totals(conn: Any, run_id: str, keys: set[tuple[str, str]]) -> dict[tuple[str, str], dict]:
     t = PromptStatRow.__table__
     found: dict[tuple[str, str], dict] = {}
-    for domain, ids in _by_domain(keys).items():
-        for chunk in _chunks(ids):
-            query = select(t).where(t.c.run_id == run_id, t.c.domain == domain, t.c.task_id.in_(chunk))
-            for row in conn.execute(query).mappings():
-                found[(row["domain"], row["task_id"])] = {k: v for k, v in row.items() if k != "run_id"}
+    for domain, chunk in _by_domain(keys):
+        query = select(t).where(t.c.run_id == run_id, t.c.domain == domain, t.c.task_id.in_(chunk))
+        for row in conn.execute(query).mappings():
+            found[(row["domain"], row["task_id"])] = {k: v for k, v in row.items() if k != "run_id"}
     return found
 
 
@@ -79,18 +76,15 @@ def prompt_totals_from_steps(conn: Any, run_id: str, keys: set[tuple[str, str]])
     """Totals of ``keys`` recomputed from every stored step (the slow, always-correct path)."""
     t = PromptStepRow.__table__
     rows: list[dict] = []
-    for domain, ids in _by_domain(keys).items():
-        for chunk in _chunks(ids):
-            query = select(t).where(t.c.run_id == run_id, t.c.domain == domain, t.c.task_id.in_(chunk))
-            rows.extend(dict(r) for r in conn.execute(query).mappings())
+    for domain, chunk in _by_domain(keys):
+        query = select(t).where(t.c.run_id == run_id, t.c.domain == domain, t.c.task_id.in_(chunk))
+        rows.extend(dict(r) for r in conn.execute(query).mappings())
     rows.sort(key=lambda r: r["step"])
     return fold_deltas({}, rows)  # a prompt whose every step went drops out of prompt_stats
 
 
 def replace_prompt_totals(conn: Any, run_id: str, keys: set[tuple[str, str]], totals: dict) -> None:
     # delete then insert (the portable upsert); the caller inserts ``totals`` in the same transaction
-    for domain, ids in _by_domain(keys).items():
-        for chunk in _chunks(ids):
-            conn.execute(delete(PromptStatRow).where(PromptStatRow.run_id == run_id,
-                                                     PromptStatRow.domain == domain,
-                                                     PromptStatRow.task_id.in_(chunk)))
+    for domain, chunk in _by_domain(keys):
+        conn.execute(delete(PromptStatRow).where(PromptStatRow.run_id == run_id, PromptStatRow.domain == domain,
+                                                 PromptStatRow.task_id.in_(chunk)))
