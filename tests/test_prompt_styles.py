@@ -83,6 +83,24 @@ def test_the_style_comes_from_the_models_config_and_a_domains_own_option_wins():
     assert set(DomainConfig.model_fields) >= {"prompt_style", "system_prompt"}
 
 
+def test_a_saved_copy_of_the_tiny_model_keeps_its_compact_prompts(tmp_path):
+    # a warm start or checkpoint of the tiny model, loaded as model=hf, is asked in the form it
+    # learned (its config.json says so), not in words: asked in words it fails every task
+    from transformers import AutoModelForCausalLM
+
+    from trainer.tiny_model import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny", hidden_size=16, layers=1, heads=2, kv_heads=1, intermediate_size=32)
+    AutoModelForCausalLM.from_pretrained(tiny).save_pretrained(tmp_path / "warm-start")
+    assert ModelConfig(type="hf", name_or_path=str(tmp_path / "warm-start")).domain_options() == {}
+    assert ModelConfig(type="hf", name_or_path=str(tmp_path / "warm-start"),
+                       prompt_style="chat").domain_options() == {"prompt_style": "chat"}
+    config = json.loads((tmp_path / "warm-start" / "config.json").read_text())
+    del config["palestra_prompt_style"]  # any other model folder: asked in words
+    (tmp_path / "warm-start" / "config.json").write_text(json.dumps(config))
+    assert ModelConfig(type="hf", name_or_path=str(tmp_path / "warm-start")).domain_options() == {"prompt_style": "chat"}
+
+
 def _chatml(with_tools: bool) -> PreTrainedTokenizerFast:
     """A word-level tokenizer with a ChatML template, which lists ``tools`` when asked to."""
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")))

