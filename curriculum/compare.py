@@ -14,8 +14,8 @@ sweep, counting every completion generated, discarded or not — and computes:
   by their best earlier held-out (1 = nothing forgotten);
 - ``zero_var``: share of groups whose rewards all agreed (wasted rollouts).
 
-Runs are grouped by policy (its ``type``; a type swept over several settings is split by setting)
-and paired with the baseline run of the same seed. The interval is the t-based 95% interval of
+Runs are grouped by policy (its ``type``; a type swept over several settings is split by setting;
+a run with another difficulty controller than most of the sweep's is a group of its own) and paired with the baseline run of the same seed. The interval is the t-based 95% interval of
 the mean paired difference, policy − baseline: paired because a seed fixes the world and the
 outcome stream for every policy, so world-to-world variation cancels out of the difference.
 
@@ -28,6 +28,7 @@ its spread is unknown, not zero) and its interval excludes zero.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,20 +132,30 @@ def run_label(run: dict) -> str:
 
 
 def split_labels(runs: list[dict]) -> dict[str, str]:
-    """run id -> label; a policy type that appears with several settings gets one label per setting."""
-    by_type: dict[str, list[str]] = {}
+    """run id -> label: the policy type (``sec#1`` when a type appears with several settings), and,
+    for a run whose difficulty controller is not the one most of the sweep's runs use, which one it
+    is (``uniform difficulty=fixed``): so one sweep holds a difficulty ablation beside the policies."""
+    policies, controllers = _variants(runs, "policy"), _variants(runs, "difficulty")
+    usual = Counter(controllers.values()).most_common(1)[0][0] if runs else None
+    return {run_id: label if controllers[run_id] == usual else f"{label} difficulty={controllers[run_id]}"
+            for run_id, label in policies.items()}
+
+
+def _variants(runs: list[dict], group: str) -> dict[str, str]:
+    """run id -> the type of its ``group`` setting, with ``#k`` when that type appears in the sweep
+    with several settings (in order of first appearance)."""
+    def setting(run: dict) -> tuple[str, str]:
+        value = (run.get("config") or {}).get(group) or {}
+        kind = run_label(run) if group == "policy" else str(value.get("type", "?"))
+        return kind, json.dumps(value, sort_keys=True)
+
+    seen: dict[str, list[str]] = {}
     for run in runs:
-        setting = json.dumps((run.get("config") or {}).get("policy"), sort_keys=True)
-        names = by_type.setdefault(run_label(run), [])
-        if setting not in names:
-            names.append(setting)
-    labels = {}
-    for run in runs:
-        kind = run_label(run)
-        settings = by_type[kind]
-        setting = json.dumps((run.get("config") or {}).get("policy"), sort_keys=True)
-        labels[run["id"]] = kind if len(settings) == 1 else f"{kind}#{settings.index(setting)}"
-    return labels
+        kind, value = setting(run)
+        if value not in seen.setdefault(kind, []):
+            seen[kind].append(value)
+    return {run["id"]: kind if len(seen[kind]) == 1 else f"{kind}#{seen[kind].index(value)}"
+            for run in runs for kind, value in [setting(run)]}
 
 
 # -- metrics -----------------------------------------------------------------------------------------
@@ -222,7 +233,7 @@ def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "unif
     for c in cut:
         if c.seed in scored.get(c.label, {}):  # pairs by seed would silently drop or mix runs
             raise ValueError(f"sweep {sweep_id!r} has two {c.label!r} runs with seed {c.seed}: runs are told apart "
-                             "by policy and seed only, so sweep one other setting per sweep")
+                             "by policy, difficulty controller and seed only, so sweep no other setting")
         scored.setdefault(c.label, {})[c.seed] = run_metrics(c, target, mastery)
     if baseline not in scored:
         raise ValueError(f"sweep {sweep_id!r} has no {baseline!r} runs to compare with "

@@ -101,9 +101,9 @@ def test_budget_matching_and_paired_differences():
     assert list(cmp.policies) == ["uniform", "sec"]
     with pytest.raises(ValueError, match="no 'uniform' runs"):
         compare_curves([r for r in runs if r.label == "sec"], "sw")
-    # a sweep over another setting too (say two difficulty controllers per policy and seed) would
+    # a sweep over another setting too (say two learning rates per policy and seed) would
     # pair runs that differ in more than the policy: refused, not half dropped
-    with pytest.raises(ValueError, match="two 'uniform' runs with seed 0: runs are told apart by policy and seed"):
+    with pytest.raises(ValueError, match="two 'uniform' runs with seed 0: runs are told apart by policy, difficulty controller and seed"):
         compare_curves(runs + [curves("uniform", 0, np.linspace(0.2, 0.6, 10))], "sw")
 
 
@@ -168,3 +168,20 @@ def test_a_training_sweep_compares_from_its_held_out_evaluations(tmp_path, capsy
     assert (tmp_path / "report" / "macro.png").exists() and (tmp_path / "report" / "heldout.png").exists()
     page = (tmp_path / "report" / "index.html").read_text()  # a trainer run stores its verdicts: all columns shown
     assert "<td>arithmetic</td>" in page and "<th>correct</th>" in page and "<th>sandbox violation</th>" in page
+
+
+def test_a_difficulty_ablation_is_a_group_of_its_own(tmp_path):
+    # one sweep: uniform and sec with the usual controller, and uniform with a fixed difficulty;
+    # the odd controller's runs get their own label, paired with the uniform runs like a policy
+    from curriculum.compare import compare_sweep
+
+    url = f"sqlite:///{tmp_path / 'ablation.db'}"
+    sim = ScenarioConfig(domains=6, levels=3, steps=8, prompts_per_step=8, group_size=4, cluster_size=3)
+    with StatsStore(url) as store:
+        for policy, controller in (("uniform", "threshold"), ("sec", "threshold"), ("uniform", "fixed")):
+            for seed in range(3):
+                run_sim(SimAppConfig(sim=sim, policy=parse_policy({"type": policy}), seed=seed, sweep_id="abl",
+                                     difficulty=parse_difficulty({"type": controller})), store)
+        cmp = compare_sweep(store, "abl")
+    assert list(cmp.policies) == ["uniform", "sec", "uniform difficulty=fixed"]
+    assert cmp.policies["uniform difficulty=fixed"]["auc"]["pairs"] == 3
