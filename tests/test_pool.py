@@ -191,3 +191,20 @@ def test_a_pool_whose_workers_cannot_start_fails_loudly_after_resolving_its_call
         assert verdict.result.status == Status.ERROR and "start-up" in verdict.result.details["message"]
         with pytest.raises(VerifierPoolBroken, match="verification stopped: verifier workers keep dying"):
             pool.raise_if_broken()
+
+
+def _verify_in_a_fresh_pool() -> str:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from pool_helpers import UNRULY as unruly, task as make_task
+
+    with VerifierPool({"unruly": unruly}, workers=1) as fresh:
+        return fresh.submit(make_task(), "ok").result(timeout=RESULT_WAIT_S).result.status.value
+
+
+def test_a_pool_started_inside_a_joblib_worker_serves() -> None:
+    # Hydra's joblib launcher runs each job in a joblib (loky) worker, whose default start method
+    # a spawned verifier worker cannot take on: before, each of them died at start-up
+    from joblib import Parallel, delayed
+
+    statuses = Parallel(n_jobs=2, backend="loky")(delayed(_verify_in_a_fresh_pool)() for _ in range(2))
+    assert statuses == [Status.OK.value] * 2

@@ -250,12 +250,21 @@ class Pool(ABC):
         self.close()
 
 
+def _spawn_context():
+    """The spawn context. A spawned child first takes on its parent's default start method, which
+    inside a joblib worker (Hydra's joblib launcher) is joblib's own "loky", unknown to the child:
+    there the default becomes spawn too, else every verifier worker dies at start-up."""
+    if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
+        mp.set_start_method("spawn", force=True)
+    return mp.get_context("spawn")
+
+
 class VerifierPool(Pool):
     """Verify completions in parallel worker processes; ``submit`` returns a Future[Verdict]."""
 
     def __init__(self, domains: dict[str, Domain], workers: int | None = None) -> None:
         self._init_queue(domains)
-        self._ctx = mp.get_context("spawn")  # never fork a process that holds torch threads
+        self._ctx = _spawn_context()  # never fork a process that holds torch threads
         n = max(1, workers or os.cpu_count() or 1)
         self._workers = [_Worker(self._ctx, domains) for _ in range(n)]
         self._wakeup_r, self._wakeup_w = self._ctx.Pipe(duplex=False)
