@@ -1,8 +1,11 @@
 """Side-by-side comparison of the policies of a sweep, with paired-seed confidence intervals.
 
 For every run of a sweep it reads the per-step metrics the simulator (or a trainer that logs the
-same keys) wrote, cuts every run at the same rollout budget — the smallest final budget of the
-sweep, counting every completion generated, discarded or not — and computes:
+same keys) wrote, cuts every run at the same budget and computes the metrics below. A simulated
+sweep's budget is in rollouts — the smallest final budget of the sweep, counting every completion
+generated, discarded or not. A training sweep's is in steps (the smallest last step): it evaluates
+held-out success only every few steps, and its runs' rollout counts differ by the few groups that
+dynamic sampling redraws, so a cut by rollouts would drop some runs' last evaluation.
 
 - ``auc``: area under the macro held-out curve over rollouts, divided by the budget (a mean
   success over training; higher is better);
@@ -52,13 +55,18 @@ class RunCurves:
     zero_var: np.ndarray  # [T]
     domain_steps: np.ndarray  # [K] steps with a per-domain vector
     domains: np.ndarray  # [K, D] per-domain held-out success
+    budget_unit: str = "rollouts"  # what ``cut`` measures: "rollouts" (simulated runs) or "steps" (trained)
 
     def cut(self, budget: float) -> "RunCurves":
-        keep = self.rollouts <= budget + 1e-9
+        keep = (self.rollouts if self.budget_unit == "rollouts" else self.steps) <= budget + 1e-9
         dkeep = self.domain_steps <= (self.steps[keep].max() if keep.any() else -1)
         return RunCurves(self.run_id, self.label, self.seed, self.steps[keep], self.rollouts[keep],
                          self.macro[keep], self.worst10[keep], self.zero_var[keep],
-                         self.domain_steps[dkeep], self.domains[dkeep])
+                         self.domain_steps[dkeep], self.domains[dkeep], self.budget_unit)
+
+    def length(self) -> float:
+        """How far the run went, in its budget unit."""
+        return float((self.rollouts if self.budget_unit == "rollouts" else self.steps)[-1])
 
 
 @dataclass
@@ -68,11 +76,12 @@ class Comparison:
     budget: float
     target: float
     metric_key: str
+    budget_unit: str = "rollouts"
     # label -> metric -> dict(mean, values, seeds, n, diff, lo, hi, pairs, tied, significant, censored)
     policies: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"sweep": self.sweep_id, "baseline": self.baseline, "budget_rollouts": self.budget,
+        return {"sweep": self.sweep_id, "baseline": self.baseline, "budget": self.budget, "budget_unit": self.budget_unit,
                 "target": self.target, "metric": self.metric_key, "policies": self.policies}
 
 
@@ -108,22 +117,31 @@ def load_run(store, run: dict, metric_key: str = "heldout/macro") -> RunCurves |
     domain_steps = np.array([s for s, _ in vectors], dtype=float)
     domains = np.array([v for _, v in vectors], dtype=float) / 1000.0 if vectors else np.zeros((0, 0))
     return RunCurves(run["id"], run_label(run), int(run["seed"]), steps, rollouts, macro, worst, zero_var,
-                     domain_steps, domains)
+                     domain_steps, domains, "rollouts" if simulated else "steps")
 
 
 def _rollouts(rows: list[dict], totals: dict[int, dict]) -> np.ndarray:
     if all("sim/rollouts" in r for r in rows):
         return np.array([r["sim/rollouts"] for r in rows], dtype=float)
-    # a trainer run: completions per step from the stored step statistics (``step_totals`` by step)
-    return np.cumsum([totals[r["step"]]["attempts"] if r["step"] in totals else 0 for r in rows]).astype(float)
+    # a trainer run: every completion of every step up to the evaluation's (``step_totals`` by step)
+    return np.array([_summed(totals, "attempts", 0, r["step"]) for r in rows], dtype=float)
 
 
 def _zero_var(rows: list[dict], totals: dict[int, dict]) -> np.ndarray:
     if all("sim/zero_var_share" in r for r in rows):
         return np.array([r["sim/zero_var_share"] for r in rows], dtype=float)
-    out = [totals[r["step"]]["zero_var_groups"] / totals[r["step"]]["groups"]
-           if r["step"] in totals and totals[r["step"]]["groups"] else np.nan for r in rows]
+    # a trainer run: the share over the steps since the evaluation before
+    out, last = [], 0
+    for r in rows:
+        groups = _summed(totals, "groups", last, r["step"])
+        out.append(_summed(totals, "zero_var_groups", last, r["step"]) / groups if groups else np.nan)
+        last = r["step"]
     return np.array(out, dtype=float)
+
+
+def _summed(totals: dict[int, dict], key: str, after: int, until: int) -> int:
+    """``key`` summed over the steps in (after, until]."""
+    return sum(t[key] for step, t in totals.items() if after < step <= until)
 
 
 def run_label(run: dict) -> str:
@@ -224,7 +242,10 @@ def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "unif
     """Cut every run at the common budget, score it, and pair each policy with ``baseline`` by seed."""
     if not curves:
         raise ValueError(f"sweep {sweep_id!r} has no runs with metric {metric_key!r}")
-    budget = float(min(c.rollouts[-1] for c in curves))
+    unit = "rollouts" if all(c.budget_unit == "rollouts" for c in curves) else "steps"
+    for c in curves:
+        c.budget_unit = unit
+    budget = min(c.length() for c in curves)
     cut = [c.cut(budget) for c in curves]
     if target is None:  # default: 90% of the baseline's final macro, a level the baseline reaches
         base_final = [c.macro[-1] for c in cut if c.label == baseline] or [c.macro[-1] for c in cut]
@@ -239,7 +260,7 @@ def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "unif
         raise ValueError(f"sweep {sweep_id!r} has no {baseline!r} runs to compare with "
                          f"(policies: {', '.join(sorted(scored))})")
     last_step = {c.label: c.steps[-1] + 1 for c in cut}
-    result = Comparison(sweep_id, baseline, budget, float(target), metric_key)
+    result = Comparison(sweep_id, baseline, budget, float(target), metric_key, unit)
     for label in _ordered(scored, baseline):
         result.policies[label] = {m: _summary(scored[label], scored[baseline], m, last_step[label])
                                   for m in METRICS}
@@ -298,7 +319,7 @@ def format_table(cmp: Comparison) -> str:
     ``>`` marks steps-to-target bounds where some run never reached the target; ``tied`` a
     difference alike on every seed, which gets no interval.
     """
-    lines = [f"sweep {cmp.sweep_id}: budget {int(cmp.budget)} rollouts per run, target macro {cmp.target:.3f}, "
+    lines = [f"sweep {cmp.sweep_id}: budget {int(cmp.budget)} {cmp.budget_unit} per run, target macro {cmp.target:.3f}, "
              f"differences vs {cmp.baseline} with paired-seed t-based 95% CIs (* excludes 0, "
              f"on at least {MIN_PAIRS} seeds that do not all differ alike)"]
     head = ["policy", "seeds"] + [HEADERS[m] for m in METRICS]

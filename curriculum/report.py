@@ -197,6 +197,7 @@ def report_sweep(store, sweep_id: str, out: str | Path, baseline: str = "uniform
         if c is None:
             continue
         label = labels[run["id"]]
+        c.budget_unit = result.budget_unit
         curves.setdefault(label, []).append(c.cut(result.budget))
         if label not in first or run["seed"] < first[label]["seed"]:
             first[label] = run

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from curriculum.cli import main
-from curriculum.compare import RunCurves, compare_curves, format_table, paired_ci, run_metrics
+from curriculum.compare import RunCurves, compare_curves, format_table, load_run, paired_ci, run_metrics
 from curriculum.config import parse_difficulty, parse_policy
 from curriculum.sim.config import ScenarioConfig, SimAppConfig
 from curriculum.sim.runner import run_sim
@@ -123,7 +123,7 @@ def sweep_db(tmp_path):
 def test_cli_compare_table_and_json(sweep_db, capsys):
     assert main(["compare", "--db", sweep_db, "--sweep", "sw1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["budget_rollouts"] == 15 * 8 * 4 and list(out["policies"]) == ["uniform", "sec"]
+    assert (out["budget"], out["budget_unit"]) == (15 * 8 * 4, "rollouts") and list(out["policies"]) == ["uniform", "sec"]
     sec = out["policies"]["sec"]
     assert sec["auc"]["pairs"] == 3 and sec["auc"]["lo"] <= sec["auc"]["diff"] <= sec["auc"]["hi"]
     assert set(sec) == {"auc", "final", "worst10", "to_target", "retention", "zero_var"}
@@ -147,23 +147,28 @@ def test_a_training_sweep_compares_from_its_held_out_evaluations(tmp_path, capsy
             "name": "sweep", "seed": 0, "sweep_id": "trainsweep", "output_dir": str(tmp_path / f"run{n}"),
             "model": tiny, "domains": ["arithmetic", "fractions"], "policy": {"type": policy},
             "difficulty": {"type": "threshold"}, "store": {"url": url},
-            "trainer": {"steps": 2, "prompts_per_step": 4, "group_size": 2, "max_new_tokens": 8,
+            "trainer": {"steps": 3, "prompts_per_step": 4, "group_size": 2, "max_new_tokens": 8,
                         "rollout_batch_size": 8, "micro_batch_size": 8},
             "verifier": {"workers": 1}, "sft": {"steps": 2, "batch_size": 8},
-            "eval": {"tasks_per_level": 1, "every": 1},
+            "eval": {"tasks_per_level": 1, "every": 2},
         })))
     with StatsStore(url) as store:
         [first, _] = store.runs()
         stored = {r["step"]: r for r in store.metrics(first["id"]) if "heldout/macro" in r}
-    assert sorted(stored) == [0, 1, 2]  # before GRPO, after step 1, after the last step
-    assert len(stored[2]["heldout/domains"]) == 2 and 0.0 <= stored[2]["heldout/macro"] <= 1.0
-    assert "heldout/arithmetic/level1" in stored[2]
+    assert sorted(stored) == [0, 2, 3]  # before GRPO, after step 2, after the last step
+    assert len(stored[3]["heldout/domains"]) == 2 and 0.0 <= stored[3]["heldout/macro"] <= 1.0
+    assert "heldout/arithmetic/level1" in stored[3]
     capsys.readouterr()  # the runs' own console output
     assert main(["compare", "--db", url, "--sweep", "trainsweep", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert list(out["policies"]) == ["uniform", "learnability"]
     assert out["policies"]["learnability"]["final"]["pairs"] == 1
-    assert out["budget_rollouts"] == 2 * 4 * 2  # completions generated in the two steps
+    # a training sweep is cut at a common step: its evaluations are sparse, and dynamic sampling
+    # makes its runs' rollout counts differ
+    assert (out["budget"], out["budget_unit"]) == (3, "steps")
+    with StatsStore(url) as store:
+        curves = load_run(store, first)
+    assert curves.rollouts.tolist() == [0, 2 * 4 * 2, 3 * 4 * 2]  # every completion generated up to each evaluation
     assert main(["report", "--db", url, "--run", first["id"], "--out", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "macro.png").exists() and (tmp_path / "report" / "heldout.png").exists()
     page = (tmp_path / "report" / "index.html").read_text()  # a trainer run stores its verdicts: all columns shown
