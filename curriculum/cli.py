@@ -3,7 +3,7 @@
     palestra runs   --db URL [--json]
     palestra stats  --db URL --run ID [--json]
     palestra replay --db URL --run ID [--step S] [--json]
-    palestra compare --db URL --sweep ID [--baseline uniform] [--target T] [--json]
+    palestra compare --db URL --sweep ID [--baseline uniform] [--target T] [--domains] [--json]
     palestra report  --db URL (--run ID | --sweep ID) [--out DIR]
     palestra domains [--json]
     palestra sample --domain D --level L -n N [--seed S] [--json]
@@ -81,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="uniform", help="policy the others are compared with")
     p.add_argument("--target", type=float, default=None, help="macro held-out success for steps-to-target")
     p.add_argument("--metric", default="heldout/macro", help="metrics key of the macro held-out success")
+    p.add_argument("--domains", action="store_true", help="also each domain's final held-out success (training sweeps)")
     p.add_argument("--json", action="store_true")
     p = command("report", cmd_report, "PNG plots and an HTML page for a run or a sweep")
     p.add_argument("--db", required=True)
@@ -184,12 +185,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from curriculum.compare import compare_sweep, format_table
+    from curriculum.compare import compare_sweep, format_domain_table, format_table
 
     with _open_store(args.db) as store:
         result = compare_sweep(store, args.sweep, baseline=args.baseline, target=args.target,
                                metric_key=args.metric)
-    print(json.dumps(result.to_json(), indent=1) if args.json else format_table(result))
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        print(format_table(result) + ("\n\n" + format_domain_table(result) if args.domains else ""))
     return 0
 
 

@@ -56,13 +56,14 @@ class RunCurves:
     domain_steps: np.ndarray  # [K] steps with a per-domain vector
     domains: np.ndarray  # [K, D] per-domain held-out success
     budget_unit: str = "rollouts"  # what ``cut`` measures: "rollouts" (simulated runs) or "steps" (trained)
+    domain_names: tuple[str, ...] = ()  # the columns of ``domains`` where the run named them (a trainer's)
 
     def cut(self, budget: float) -> "RunCurves":
         keep = (self.rollouts if self.budget_unit == "rollouts" else self.steps) <= budget + 1e-9
         dkeep = self.domain_steps <= (self.steps[keep].max() if keep.any() else -1)
         return RunCurves(self.run_id, self.label, self.seed, self.steps[keep], self.rollouts[keep],
                          self.macro[keep], self.worst10[keep], self.zero_var[keep],
-                         self.domain_steps[dkeep], self.domains[dkeep], self.budget_unit)
+                         self.domain_steps[dkeep], self.domains[dkeep], self.budget_unit, self.domain_names)
 
     def length(self) -> float:
         """How far the run went, in its budget unit."""
@@ -79,10 +80,13 @@ class Comparison:
     budget_unit: str = "rollouts"
     # label -> metric -> dict(mean, values, seeds, n, diff, lo, hi, pairs, tied, significant, censored)
     policies: dict[str, dict[str, dict]] = field(default_factory=dict)
+    # label -> domain -> the same summary of the final held-out success per domain (named domains only)
+    domains: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"sweep": self.sweep_id, "baseline": self.baseline, "budget": self.budget, "budget_unit": self.budget_unit,
-                "target": self.target, "metric": self.metric_key, "policies": self.policies}
+                "target": self.target, "metric": self.metric_key, "policies": self.policies,
+                "domains": self.domains}
 
 
 # -- writing (simulator and trainer) -------------------------------------------------------------------
@@ -113,11 +117,25 @@ def load_run(store, run: dict, metric_key: str = "heldout/macro") -> RunCurves |
     rollouts = _rollouts(rows, totals)
     worst = np.array([r.get("heldout/worst_decile", np.nan) for r in rows], dtype=float)
     zero_var = _zero_var(rows, totals)
-    vectors = [(r["step"], r["heldout/domains"]) for r in rows if r.get("heldout/domains") is not None]
-    domain_steps = np.array([s for s, _ in vectors], dtype=float)
-    domains = np.array([v for _, v in vectors], dtype=float) / 1000.0 if vectors else np.zeros((0, 0))
+    names = _domain_names(rows[-1])
+    if names:  # a trainer run names each domain's held-out success
+        domain_steps = steps
+        domains = np.array([[r.get(f"heldout/{n}", np.nan) for n in names] for r in rows], dtype=float)
+    else:  # the simulator stores only the vector, in thousandths
+        vectors = [(r["step"], r["heldout/domains"]) for r in rows if r.get("heldout/domains") is not None]
+        domain_steps = np.array([s for s, _ in vectors], dtype=float)
+        domains = np.array([v for _, v in vectors], dtype=float) / 1000.0 if vectors else np.zeros((0, 0))
     return RunCurves(run["id"], run_label(run), int(run["seed"]), steps, rollouts, macro, worst, zero_var,
-                     domain_steps, domains, "rollouts" if simulated else "steps")
+                     domain_steps, domains, "rollouts" if simulated else "steps", names)
+
+
+SUMMARY_KEYS = {"macro", "worst_decile", "mastered", "domains"}  # heldout/* keys that are not domains
+
+
+def _domain_names(row: dict) -> tuple[str, ...]:
+    """The domains a row names under ``heldout/<domain>`` (not their levels), sorted."""
+    found = (key.split("/", 1)[1] for key in row if key.startswith("heldout/"))
+    return tuple(sorted(n for n in found if "/" not in n and n not in SUMMARY_KEYS))
 
 
 def _rollouts(rows: list[dict], totals: dict[int, dict]) -> np.ndarray:
@@ -264,7 +282,24 @@ def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "unif
     for label in _ordered(scored, baseline):
         result.policies[label] = {m: _summary(scored[label], scored[baseline], m, last_step[label])
                                   for m in METRICS}
+    result.domains = _domain_effects(cut, baseline)
     return result
+
+
+def _domain_effects(cut: list[RunCurves], baseline: str) -> dict[str, dict[str, dict]]:
+    """label -> domain -> each named domain's final held-out success, paired with the baseline's."""
+    finals: dict[str, dict[int, dict]] = {}  # label -> seed -> {"final": value} per domain
+    for c in cut:
+        if c.domain_names and len(c.domains):
+            for name, value in zip(c.domain_names, c.domains[-1]):
+                finals.setdefault(name, {}).setdefault(c.label, {})[c.seed] = {"final": float(value)}
+    effects: dict[str, dict[str, dict]] = {}
+    for name, by_label in sorted(finals.items()):
+        if baseline not in by_label:
+            continue
+        for label in _ordered(by_label, baseline):
+            effects.setdefault(label, {})[name] = _summary(by_label[label], by_label[baseline], "final", 0)
+    return effects
 
 
 def _summary(runs: dict[int, dict], base: dict[int, dict], metric: str, never: float) -> dict:
@@ -331,6 +366,21 @@ def format_table(cmp: Comparison) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
     return "\n".join(lines)
+
+
+def format_domain_table(cmp: Comparison) -> str:
+    """Each named domain's final held-out success per policy, and its paired difference from baseline."""
+    if not cmp.domains:
+        return "no per-domain held-out success in this sweep (the simulator stores none by name)"
+    labels = list(cmp.domains)
+    names = sorted({name for effects in cmp.domains.values() for name in effects})
+    rows = [["domain (final held-out)"] + labels]
+    for name in names:
+        rows.append([name] + [_cell(cmp.domains[label][name], "final", label == cmp.baseline,
+                                    cmp.domains[label][name]["n"]) if name in cmp.domains[label] else "-"
+                              for label in labels])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows)
 
 
 def _cell(s: dict, metric: str, is_base: bool, seeds: int) -> str:

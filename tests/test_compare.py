@@ -163,6 +163,13 @@ def test_a_training_sweep_compares_from_its_held_out_evaluations(tmp_path, capsy
     out = json.loads(capsys.readouterr().out)
     assert list(out["policies"]) == ["uniform", "learnability"]
     assert out["policies"]["learnability"]["final"]["pairs"] == 1
+    # each domain's final held-out success, by name, paired with uniform's
+    effects = out["domains"]["learnability"]
+    assert sorted(effects) == ["arithmetic", "fractions"] and effects["arithmetic"]["pairs"] == 1
+    final = {r["step"]: r for r in store_metrics(url, first["id"]) if "heldout/macro" in r}[3]
+    assert out["domains"]["uniform"]["arithmetic"]["mean"] == pytest.approx(final["heldout/arithmetic"], abs=1e-5)
+    assert main(["compare", "--db", url, "--sweep", "trainsweep", "--domains"]) == 0
+    assert "domain (final held-out)" in capsys.readouterr().out
     # a training sweep is cut at a common step: its evaluations are sparse, and dynamic sampling
     # makes its runs' rollout counts differ
     assert (out["budget"], out["budget_unit"]) == (3, "steps")
@@ -190,3 +197,8 @@ def test_a_difficulty_ablation_is_a_group_of_its_own(tmp_path):
         cmp = compare_sweep(store, "abl")
     assert list(cmp.policies) == ["uniform", "sec", "uniform difficulty=fixed"]
     assert cmp.policies["uniform difficulty=fixed"]["auc"]["pairs"] == 3
+
+
+def store_metrics(url: str, run_id: str) -> list[dict]:
+    with StatsStore(url) as store:
+        return store.metrics(run_id)
