@@ -97,6 +97,27 @@ def test_all_agreeing_groups_teach_nothing():
     np.testing.assert_allclose(learner.theta, before)
 
 
+def test_refills_replace_agreeing_groups_as_dynamic_sampling_does():
+    # the trainer's dynamic sampling: groups whose rewards all agree are left out and replaced by
+    # groups of the plan's (domain, level) pairs; all are recorded, only the varied ones train
+    from curriculum.sim.runner import rollout_with_refills
+    from curriculum.types import rewards_agree
+
+    world = build_world(scenario(theta0_mean=1.0, theta0_std=3.0), 0)
+    domain, level = np.arange(16) % 20, np.zeros(16, dtype=np.int64)
+    out, kept = rollout_with_refills(Learner(world, 0, 4), domain, level, 2, np.random.default_rng(0))
+    assert len(out.domain) > 16 and not rewards_agree(kept.reward).any() and len(kept.domain) <= 16
+    assert set(out.domain.tolist()) <= set(domain.tolist())  # refills come from the plan's pairs
+    plain, same = rollout_with_refills(Learner(world, 0, 4), domain, level, 0, np.random.default_rng(0))
+    assert plain is same and len(plain.domain) == 16
+    # a run with refills generates more, trains on more varied groups, and learns more
+    with_refills = run_sim(app_config("uniform", 0, refill_rounds=2, theta0_mean=2.0, theta0_std=3.0))
+    without = run_sim(app_config("uniform", 0, theta0_mean=2.0, theta0_std=3.0))
+    assert with_refills.final_macro > without.final_macro
+    assert run_sim(app_config("uniform", 0, refill_rounds=2, theta0_mean=2.0, theta0_std=3.0)).final_macro == \
+        with_refills.final_macro
+
+
 def test_unpractised_domains_forget_and_small_domains_saturate():
     cfg = scenario(domains=4, cluster_size=4, forgetting_share=1.0, forgetting_rate=0.5, transfer_pos=0.0,
                    lr=0.2, lr_spread=0.0, size_min=2, size_max=2, theta0_std=0.0)

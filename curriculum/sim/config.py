@@ -51,6 +51,9 @@ class ScenarioConfig(_Strict):
     unlock_theta: float = Field(2.0, description="prerequisite theta at which learning is half unlocked")
     size_min: int = Field(0, ge=0, description="prompts per domain (log-uniform); 0: unlimited")
     size_max: int = Field(0, ge=0)
+    # the trainer's dynamic sampling (DAPO): groups whose rewards all agree are left out and
+    # replaced by groups drawn in the step's proportions of (domain, level), in up to this many rounds
+    refill_rounds: int = Field(0, ge=0, description="dynamic sampling rounds (the trainer's default is 2)")
     # logging
     domains_every: int = Field(10, ge=1, description="log the per-domain held-out vector every k steps")
     mastery: float = Field(DEFAULT_MASTERY, gt=0, le=1, description="held-out success that counts as mastered")

@@ -146,6 +146,15 @@ class StepOutcome:
     reward: np.ndarray  # [P, G] float, what the verifier reported (noise on noisy domains)
     advantage: np.ndarray  # [P, G] group advantages of the reported rewards
 
+    def select(self, rows: np.ndarray) -> "StepOutcome":
+        return StepOutcome(self.domain[rows], self.level[rows], self.correct[rows], self.reward[rows],
+                           self.advantage[rows])
+
+    @staticmethod
+    def concat(parts: list["StepOutcome"]) -> "StepOutcome":
+        return StepOutcome(*(np.concatenate([getattr(p, f) for p in parts])
+                             for f in ("domain", "level", "correct", "reward", "advantage")))
+
 
 class Learner:
     """The skills θ of a world, moved by the groups each step trains on."""

@@ -3,7 +3,8 @@
 Per step: ``Curriculum.plan`` → the learner rolls out G outcomes per planned prompt → the outcomes
 (``GroupArrays``: a row of G per prompt, real group advantages) go through ``Curriculum.record_outcomes``
 with the held-out metrics, as a trainer's step is recorded → the learner learns from the same
-groups. The simulator draws no tasks: its learner needs only the plan's (domain, level) counts.
+groups (with ``sim.refill_rounds``, the trainer's dynamic sampling, from those whose rewards differ,
+agreeing ones replaced by refills). The simulator draws no tasks: its learner needs only the plan's (domain, level) counts.
 
 By default the store gets each step's aggregates, plan and metrics but not one ``results`` row per
 completion (``AggregatedWrites``; ``store_results=true`` writes those too).
@@ -50,6 +51,27 @@ def plan_arrays(plan: Plan, index: dict[str, int]) -> tuple[np.ndarray, np.ndarr
     domain = np.fromiter((index[d] for (d, _lv), n in plan.counts.items() for _ in range(n)), np.int64)
     level = np.fromiter((lv for (_d, lv), n in plan.counts.items() for _ in range(n)), np.int64)
     return domain, level
+
+
+def rollout_with_refills(learner: Learner, domain: np.ndarray, level: np.ndarray, rounds: int,
+                         rng: np.random.Generator) -> tuple[StepOutcome, StepOutcome]:
+    """The step's rollouts, and the groups it trains on. With ``rounds`` > 0 (the trainer's dynamic
+    sampling) groups whose rewards all agree are left out and replaced, in up to ``rounds`` rounds,
+    by groups drawn in the plan's proportions of (domain, level); every group generated is recorded."""
+    generated = [learner.rollout(domain, level)]
+    if rounds == 0:
+        return generated[0], generated[0]
+    kept = [generated[0].select(np.nonzero(~rewards_agree(generated[0].reward))[0])]
+    for _ in range(rounds):
+        missing = len(domain) - sum(len(k.domain) for k in kept)
+        if missing <= 0 or not len(domain):
+            break
+        pick = rng.integers(0, len(domain), missing)  # the plan's proportions
+        refill = learner.rollout(domain[pick], level[pick])
+        generated.append(refill)
+        varied = np.nonzero(~rewards_agree(refill.reward))[0]
+        kept.append(refill.select(np.sort(rng.permutation(varied)[:missing])))
+    return StepOutcome.concat(generated), StepOutcome.concat(kept)
 
 
 def to_outcomes(out: StepOutcome, names: list[str], step: int) -> GroupArrays:
@@ -109,8 +131,9 @@ def run_sim(cfg: SimAppConfig, store: StatsStore | None = None, progress_every: 
     try:
         for step in range(1, sc.steps + 1):
             domain, level = plan_arrays(curriculum.plan(step), index)
-            out = learner.rollout(domain, level)
-            learner.learn(out)
+            out, kept = rollout_with_refills(learner, domain, level, sc.refill_rounds,
+                                             np.random.default_rng([cfg.seed, step, 0x52454649]))
+            learner.learn(kept)
             rollouts += out.reward.size
             metrics = heldout_metrics(learner.heldout(), sc.mastery,
                                       step % sc.domains_every == 0 or step == sc.steps or step == 1)
