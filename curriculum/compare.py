@@ -18,8 +18,9 @@ dynamic sampling redraws, so a cut by rollouts would drop some runs' last evalua
 - ``zero_var``: share of groups whose rewards all agreed (wasted rollouts).
 
 Runs are grouped by policy (its ``type``; a type swept over several settings is split by setting;
-a run with another difficulty controller than most of the sweep's is a group of its own) and paired with the baseline run of the same seed. The interval is the t-based 95% interval of
-the mean paired difference, policy − baseline: paired because a seed fixes the world and the
+a run with another difficulty controller than most of the sweep's is a group of its own) and
+paired with the baseline run of the same seed. The interval is the t-based 95% interval of the
+mean paired difference, policy − baseline: paired because a seed fixes the world and the
 outcome stream for every policy, so world-to-world variation cancels out of the difference.
 
 A t interval is only as good as its estimate of the spread, and with few seeds that estimate is
@@ -84,9 +85,9 @@ class Comparison:
     domains: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"sweep": self.sweep_id, "baseline": self.baseline, "budget": self.budget, "budget_unit": self.budget_unit,
-                "target": self.target, "metric": self.metric_key, "policies": self.policies,
-                "domains": self.domains}
+        return {"sweep": self.sweep_id, "baseline": self.baseline, "budget": self.budget,
+                "budget_unit": self.budget_unit, "target": self.target, "metric": self.metric_key,
+                "policies": self.policies, "domains": self.domains}
 
 
 # -- writing (simulator and trainer) -------------------------------------------------------------------
