@@ -15,7 +15,9 @@ dynamic sampling redraws, so a cut by rollouts would drop some runs' last evalua
   counts as its last step + 1, so the difference is a bound, flagged in the table);
 - ``retention``: over the domains that were ever mastered, mean of held-out at the budget divided
   by their best earlier held-out (1 = nothing forgotten);
-- ``zero_var``: share of groups whose rewards all agreed (wasted rollouts).
+- ``zero_var``: share of groups whose rewards all agreed (wasted rollouts);
+- ``completions``: completions generated up to the budget, refills included (what a policy spends:
+  equal for a simulated sweep's runs, cut at one rollout budget, but not for a training sweep's).
 
 Runs are grouped by policy (its ``type``; a type swept over several settings is split by setting;
 a run with another difficulty controller than most of the sweep's is a group of its own) and
@@ -38,8 +40,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-METRICS = ("auc", "final", "worst10", "to_target", "retention", "zero_var")
-LOWER_IS_BETTER = {"to_target", "zero_var"}
+METRICS = ("auc", "final", "worst10", "to_target", "retention", "zero_var", "completions")
+LOWER_IS_BETTER = {"to_target", "zero_var", "completions"}
+WHOLE_NUMBERS = {"to_target", "completions"}
 
 
 @dataclass
@@ -204,7 +207,8 @@ def run_metrics(c: RunCurves, target: float, mastery: float = DEFAULT_MASTERY) -
     to_target = float(c.steps[reached[0]]) if len(reached) else float(c.steps[-1] + 1)
     worst = c.worst10[-1] if np.isfinite(c.worst10[-1]) else _worst_decile(c)
     return {"auc": auc, "final": float(c.macro[-1]), "worst10": float(worst), "to_target": to_target,
-            "retention": _retention(c, mastery), "zero_var": float(np.nanmean(c.zero_var))}
+            "retention": _retention(c, mastery), "zero_var": float(np.nanmean(c.zero_var)),
+            "completions": float(c.rollouts[-1])}
 
 
 def _worst_decile(c: RunCurves) -> float:
@@ -344,7 +348,7 @@ def compare_sweep(store, sweep_id: str, baseline: str = "uniform", target: float
 
 # -- printing ----------------------------------------------------------------------------------------
 HEADERS = {"auc": "AUC", "final": "final", "worst10": "worst 10%", "to_target": "steps to target",
-           "retention": "retention", "zero_var": "zero-var share"}
+           "retention": "retention", "zero_var": "zero-var share", "completions": "completions"}
 
 
 def format_table(cmp: Comparison) -> str:
@@ -385,14 +389,14 @@ def format_domain_table(cmp: Comparison) -> str:
 
 
 def _cell(s: dict, metric: str, is_base: bool, seeds: int) -> str:
-    fmt = (lambda v: f"{v:.0f}") if metric == "to_target" else (lambda v: f"{v:.3f}")
+    fmt = (lambda v: f"{v:.0f}") if metric in WHOLE_NUMBERS else (lambda v: f"{v:.3f}")
     if s["mean"] is None:
         return "-"
     mark = ">" if s.get("censored") else ""
     text = f"{mark}{fmt(s['mean'])}"
     if is_base or s["diff"] is None:
         return text
-    sign = (lambda v: f"{v:+.0f}") if metric == "to_target" else (lambda v: f"{v:+.3f}")
+    sign = (lambda v: f"{v:+.0f}") if metric in WHOLE_NUMBERS else (lambda v: f"{v:+.3f}")
     notes = [f"n={s['pairs']}"] if s["pairs"] < seeds else []
     if s.get("tied"):
         notes.append("tied")

@@ -126,7 +126,8 @@ def test_cli_compare_table_and_json(sweep_db, capsys):
     assert (out["budget"], out["budget_unit"]) == (15 * 8 * 4, "rollouts") and list(out["policies"]) == ["uniform", "sec"]
     sec = out["policies"]["sec"]
     assert sec["auc"]["pairs"] == 3 and sec["auc"]["lo"] <= sec["auc"]["diff"] <= sec["auc"]["hi"]
-    assert set(sec) == {"auc", "final", "worst10", "to_target", "retention", "zero_var"}
+    assert set(sec) == {"auc", "final", "worst10", "to_target", "retention", "zero_var", "completions"}
+    assert sec["completions"]["mean"] == 15 * 8 * 4 and sec["completions"]["diff"] == 0  # one rollout budget
     assert main(["compare", "--db", sweep_db, "--sweep", "sw1", "--target", "0.2"]) == 0
     table = capsys.readouterr().out
     assert "target macro 0.200" in table and table.count("\n") == 4
@@ -173,6 +174,7 @@ def test_a_training_sweep_compares_from_its_held_out_evaluations(tmp_path, capsy
     # a training sweep is cut at a common step: its evaluations are sparse, and dynamic sampling
     # makes its runs' rollout counts differ
     assert (out["budget"], out["budget_unit"]) == (3, "steps")
+    assert out["policies"]["uniform"]["completions"]["mean"] == 3 * 4 * 2  # what the run generated
     with StatsStore(url) as store:
         curves = load_run(store, first)
     assert curves.rollouts.tolist() == [0, 2 * 4 * 2, 3 * 4 * 2]  # every completion generated up to each evaluation
