@@ -59,19 +59,23 @@ class RunCurves:
     zero_var: np.ndarray  # [T]
     domain_steps: np.ndarray  # [K] steps with a per-domain vector
     domains: np.ndarray  # [K, D] per-domain held-out success
-    budget_unit: str = "rollouts"  # what ``cut`` measures: "rollouts" (simulated runs) or "steps" (trained)
+    budget_unit: str = "rollouts"  # this run's natural budget: "rollouts" (simulated) or "steps" (trained)
     domain_names: tuple[str, ...] = ()  # the columns of ``domains`` where the run named them (a trainer's)
 
-    def cut(self, budget: float) -> "RunCurves":
-        keep = (self.rollouts if self.budget_unit == "rollouts" else self.steps) <= budget + 1e-9
+    def cut(self, budget: float, unit: str) -> "RunCurves":
+        """The run up to ``budget`` in ``unit`` ("rollouts" or "steps")."""
+        keep = self._axis(unit) <= budget + 1e-9
         dkeep = self.domain_steps <= (self.steps[keep].max() if keep.any() else -1)
         return RunCurves(self.run_id, self.label, self.seed, self.steps[keep], self.rollouts[keep],
                          self.macro[keep], self.worst10[keep], self.zero_var[keep],
                          self.domain_steps[dkeep], self.domains[dkeep], self.budget_unit, self.domain_names)
 
-    def length(self) -> float:
-        """How far the run went, in its budget unit."""
-        return float((self.rollouts if self.budget_unit == "rollouts" else self.steps)[-1])
+    def length(self, unit: str) -> float:
+        """How far the run went, in ``unit``."""
+        return float(self._axis(unit)[-1])
+
+    def _axis(self, unit: str) -> np.ndarray:
+        return self.rollouts if unit == "rollouts" else self.steps
 
 
 @dataclass
@@ -266,10 +270,8 @@ def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "unif
     if not curves:
         raise ValueError(f"sweep {sweep_id!r} has no runs with metric {metric_key!r}")
     unit = "rollouts" if all(c.budget_unit == "rollouts" for c in curves) else "steps"
-    for c in curves:
-        c.budget_unit = unit
-    budget = min(c.length() for c in curves)
-    cut = [c.cut(budget) for c in curves]
+    budget = min(c.length(unit) for c in curves)
+    cut = [c.cut(budget, unit) for c in curves]
     if target is None:  # default: 90% of the baseline's final macro, a level the baseline reaches
         base_final = [c.macro[-1] for c in cut if c.label == baseline] or [c.macro[-1] for c in cut]
         target = round(0.9 * float(np.mean(base_final)), 3)
@@ -293,7 +295,7 @@ def compare_curves(curves: list[RunCurves], sweep_id: str, baseline: str = "unif
 
 def _domain_effects(cut: list[RunCurves], baseline: str) -> dict[str, dict[str, dict]]:
     """label -> domain -> each named domain's final held-out success, paired with the baseline's."""
-    finals: dict[str, dict[int, dict]] = {}  # label -> seed -> {"final": value} per domain
+    finals: dict[str, dict[str, dict[int, dict]]] = {}  # domain -> label -> seed -> {"final": value}
     for c in cut:
         if c.domain_names and len(c.domains):
             for name, value in zip(c.domain_names, c.domains[-1]):
@@ -368,9 +370,7 @@ def format_table(cmp: Comparison) -> str:
         is_base = label == cmp.baseline
         seeds = metrics["auc"]["n"] if is_base else max(metrics[m]["pairs"] for m in METRICS)
         rows.append([label, str(seeds)] + [_cell(metrics[m], m, is_base, seeds) for m in METRICS])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + [_aligned(rows)])
 
 
 def format_domain_table(cmp: Comparison) -> str:
@@ -384,6 +384,11 @@ def format_domain_table(cmp: Comparison) -> str:
         rows.append([name] + [_cell(cmp.domains[label][name], "final", label == cmp.baseline,
                                     cmp.domains[label][name]["n"]) if name in cmp.domains[label] else "-"
                               for label in labels])
+    return _aligned(rows)
+
+
+def _aligned(rows: list[list[str]]) -> str:
+    """Rows of cells as text columns, each as wide as its widest cell."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows)
 

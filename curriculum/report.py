@@ -197,8 +197,7 @@ def report_sweep(store, sweep_id: str, out: str | Path, baseline: str = "uniform
         if c is None:
             continue
         label = labels[run["id"]]
-        c.budget_unit = result.budget_unit
-        curves.setdefault(label, []).append(c.cut(result.budget))
+        curves.setdefault(label, []).append(c.cut(result.budget, result.budget_unit))
         if label not in first or run["seed"] < first[label]["seed"]:
             first[label] = run
     images = [_curves_png(plt, out / "curves.png", curves, result.policies),

@@ -64,7 +64,7 @@ def rollout_with_refills(learner: Learner, domain: np.ndarray, level: np.ndarray
     kept = [generated[0].select(np.nonzero(~rewards_agree(generated[0].reward))[0])]
     for _ in range(rounds):
         missing = len(domain) - sum(len(k.domain) for k in kept)
-        if missing <= 0 or not len(domain):
+        if missing <= 0:
             break
         pick = rng.integers(0, len(domain), missing)  # the plan's proportions
         refill = learner.rollout(domain[pick], level[pick])
