@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# GPU check, meant to finish in under nine minutes on one GPU: the trainer on CUDA (log-probs and
-# gradients against the CPU, speed at a 0.5B shape), then the vLLM rollout backend when vLLM is
-# installed (log-prob agreement with fresh and pushed weights, tokens/s of both samplers); then the
-# memory benchmark at the same 358M shape (bench/memory.py: allocated memory and time of one update
-# for full fine-tuning, the reference on the CPU, LoRA, LoRA + checkpointing; FSDP needs 2 GPUs).
-# Usage: bench/gpu_check.sh [--model LOCAL_FOLDER] [--prompts N] [--max-new-tokens N]
+# GPU check in parts; with no part named, all four in turn (about 14 minutes: name fewer when the
+# device time left is short):
+#   trainer  bench/gpu_check.py: log-probs and gradients against the CPU, speed at a 0.5B shape, and
+#            the vLLM rollout backend when vLLM is installed
+#   memory   bench/memory.py at the same 358M shape: allocated memory and time of one update for full
+#            fine-tuning, the reference on the CPU, LoRA, LoRA + checkpointing (FSDP needs 2 GPUs)
+#   sampler  bench/sampler.py --device cuda: the eager and the captured sampler (tokens/s, recording
+#            cost, identical fp32 greedy tokens, bf16 rows, weight changes, GPU busy share)
+#   mainjob  bench/gpu_main_job.py: the main job's sampling seconds a GRPO step, eager vs captured
+# Usage: bench/gpu_check.sh [trainer] [memory] [sampler] [mainjob] [gpu_check.py options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -12,5 +16,20 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     echo "gpu check: no CUDA device visible to $PY" >&2
     exit 2
 fi
-timeout 290 "$PY" bench/gpu_check.py "$@"
-exec timeout 240 "$PY" bench/memory.py --model 358m --device cuda --rows 64 --prompt 64 --completion 256 --micro 16
+parts=() options=()
+for arg in "$@"; do
+    case $arg in trainer|memory|sampler|mainjob) parts+=("$arg") ;; *) options+=("$arg") ;; esac
+done
+[ ${#parts[@]} -gt 0 ] || parts=(trainer memory sampler mainjob)
+status=0
+for part in "${parts[@]}"; do
+    echo "== $part"
+    case $part in
+        trainer) timeout 290 "$PY" bench/gpu_check.py "${options[@]}" || status=1 ;;
+        memory) timeout 240 "$PY" bench/memory.py --model 358m --device cuda --rows 64 --prompt 64 --completion 256 \
+                    --micro 16 || status=1 ;;
+        sampler) timeout 200 "$PY" bench/sampler.py --device cuda --repeats 2 || status=1 ;;
+        mainjob) timeout 150 "$PY" bench/gpu_main_job.py || status=1 ;;
+    esac
+done
+exit $status

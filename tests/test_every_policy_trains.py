@@ -44,3 +44,11 @@ def test_prompt_selection_trains_and_keeps_prompt_stats(tmp_path, selection):
         metrics = store.metrics(summary["run_id"])
     assert sum(s["attempts"] for s in stats) == 2 * 4 * 2  # every completion counted once per prompt
     assert any(key.startswith("selection/") for key in metrics[-1])
+
+
+def test_the_captured_sampler_trains_through_one_override(tmp_path):
+    # on the CPU it runs its static-cache loop eagerly; on CUDA (auto) it is the default
+    summary = _train(tmp_path, "trainer.sampling.rollout_backend=captured")
+    with StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}") as store:
+        assert store.count_results(summary["run_id"]) == 2 * 4 * 2
+        assert store.run(summary["run_id"])["config"]["trainer"]["sampling"]["rollout_backend"] == "captured"

@@ -112,7 +112,7 @@ def test_the_closing_tag_stops_a_row_however_it_is_tokenised(tiny, tag_as):
     assert len(tag) == (1 if tag_as == "one special token" else len(TOOL_CALL_END))
     after = tok("<|tool|>", add_special_tokens=False)["input_ids"]  # what a model would go on to imagine
     chatty = tok("no call here", add_special_tokens=False)["input_ids"]
-    rollout = generate(Scripted([call + tag + after, chatty], len(tok)), [[1, 2], [1, 2]], max_new_tokens=40,
+    rollout = generate(Scripted([call + tag + after, chatty], len(tok)), [[1, 2], [1, 3]], max_new_tokens=40,
                        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=0.0, stop=stop)
     assert not rollout.truncated[0]
     assert rollout.completion_ids[0] == call + tag

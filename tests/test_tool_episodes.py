@@ -7,6 +7,7 @@ import torch
 
 from domains.registry import load_all
 from domains.tools.calls import CLOSE as TOOL_CALL_END
+from trainer.decode import CapturedSampler
 from trainer.episodes import run_episodes, tool_message_tokens, transcript_tokens
 from trainer.models import encode_prompt, load_model, load_tokenizer
 from trainer.rollout import as_ids, assemble, left_pad
@@ -66,6 +67,11 @@ def test_played_episode_masks_the_tool_response(setup):
     assert truth in _masked_text(tok, tokens, mask, keep=0)
     assert truth not in _masked_text(tok, tokens, mask, keep=1).split("boxed")[0]  # only copied in the answer
     assert domains["tool_calculator"].verify(task, transcripts[0]).reward == 1.0
+    # the captured sampler plays it alike: the closing tag found between its looks, turn after turn
+    again, replayed = run_episodes(model, tok, [task], domains, max_new_tokens=80, max_total_tokens=200,
+                                   temperature=0.0, sampler=CapturedSampler(sync_every=8))
+    assert replayed == transcripts and torch.equal(again.sequences, rollout.sequences)
+    assert torch.equal(again.completion_mask, rollout.completion_mask)
 
 
 def _scripted_sampler(tokenizer, scripts: dict[tuple[int, ...], list[str]]):

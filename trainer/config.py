@@ -112,9 +112,12 @@ class SamplingConfig(Strict):
     rollout_batch_size: int = Field(128, gt=0)  # sequences generated together
     dynamic_sampling: bool = True  # drop groups whose rewards all agree and refill (DAPO)
     max_refill_rounds: int = Field(2, ge=0)  # cap on extra generation for dynamic sampling
-    # hf: the trainer's own KV-cached sampler; vllm: a colocated vLLM engine (CUDA only) that gets
-    # the weights pushed after every update (trainer/vllm_engine.py)
-    rollout_backend: Literal["hf", "vllm"] = "hf"
+    # hf: the trainer's own KV-cached sampler; captured: the same with a static KV cache and its
+    # decode step recorded as a CUDA graph (trainer/decode.py; runs eagerly, and slower, on the CPU);
+    # auto: captured on CUDA, hf elsewhere; vllm: a colocated vLLM engine (CUDA only) that gets the
+    # weights pushed after every update (trainer/vllm_engine.py)
+    rollout_backend: Literal["auto", "hf", "captured", "vllm"] = "auto"
+    sync_every: int = Field(8, gt=0)  # captured: tokens between the host's looks at the finished rows
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
 
     @model_validator(mode="after")
@@ -207,10 +210,17 @@ class TrainerConfig(Strict):
 
     @model_validator(mode="after")
     def _fsdp_samples_itself(self) -> "TrainerConfig":
-        if self.system.sharding == "fsdp" and self.sampling.rollout_backend == "vllm":
-            raise ValueError("trainer.system.sharding=fsdp samples with the trainer's own sampler: "
-                             "set trainer.sampling.rollout_backend=hf")
+        if self.system.sharding == "fsdp" and self.sampling.rollout_backend in ("vllm", "captured"):
+            raise ValueError("trainer.system.sharding=fsdp samples with the trainer's own eager sampler "
+                             "(its weights are gathered anew for every forward): set trainer.sampling.rollout_backend=hf")
         return self
+
+    def sampler_kind(self, device_type: str) -> str:
+        """The rollout backend ``auto`` stands for on this device: a recorded decode step on CUDA
+        (not under FSDP, whose gathered weights are new tensors every forward), eager elsewhere."""
+        if self.sampling.rollout_backend != "auto":
+            return self.sampling.rollout_backend
+        return "captured" if device_type == "cuda" and self.system.sharding != "fsdp" else "hf"
 
 
 def regroup_trainer(section: dict[str, Any]) -> dict[str, Any]:

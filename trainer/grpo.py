@@ -34,6 +34,7 @@ from trainer.adapters import attach_lora, base_state, save_plain, training_the_b
 from trainer.audit import CanaryPaid, canary_summary
 from trainer.collect import RolloutCollector
 from trainer.config import ConfigError, PalestraConfig, as_stored_now, changed_settings
+from trainer.decode import CapturedSampler
 from trainer.evaluate import HeldoutEvaluation, format_eval
 from trainer.health import HealthMonitor
 from trainer.losses import group_advantages
@@ -94,8 +95,10 @@ class GRPORecipe:
             torch.set_num_threads(within_share(cfg.trainer.system.cpu_threads))
         path = self._build_models(resuming=latest is not None)
         self.pool = make_pool(self.domains, cfg.verifier)
+        kind = cfg.trainer.sampler_kind(self.device.type)
         self.engine = (VLLMEngine(path, gpu_memory_utilization=cfg.trainer.sampling.vllm_gpu_memory_utilization,
-                                  seed=cfg.seed) if cfg.trainer.sampling.rollout_backend == "vllm" else None)
+                                  seed=cfg.seed) if kind == "vllm" else None)
+        self.captured = CapturedSampler(cfg.trainer.sampling.sync_every) if kind == "captured" else None
         self._engine_stale = False  # the engine holds the weights it loaded until the policy changes
         self.collector = RolloutCollector(self.model, self.tokenizer, self.domains, self.pool, cfg.trainer,
                                           seed=cfg.seed, world=self.world, device=self.device,
@@ -356,9 +359,10 @@ class GRPORecipe:
         return phase_threads(self.device, threads, back_to=self.cfg.trainer.system.cpu_threads)
 
     def _sampler(self) -> Sampler:
-        """The trainer's own sampler, or the vLLM engine once it holds the current weights."""
+        """The trainer's own sampler (eager or captured), or the vLLM engine once it holds the
+        current weights."""
         if self.engine is None:
-            return generate
+            return self.captured or generate
         if self._engine_stale:
             self.engine.push_weights(self.model)
             self._engine_stale = False

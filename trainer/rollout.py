@@ -121,9 +121,11 @@ def generate(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     stop: StopText | None = None,
+    share_prefill: bool = True,
 ) -> Rollout:
     """Sample until an end token (``eos_id``: one, or all a model's generation config names), the
-    ``stop`` text (e.g. a closing tool-call tag) or the budget."""
+    ``stop`` text (e.g. a closing tool-call tag) or the budget. Rows with the same prompt (a
+    group's G completions) share one prefill unless ``share_prefill`` is off."""
     device = next(model.parameters()).device
     end_ids = torch.tensor(as_ids(eos_id), device=device)
     ids, prompt_mask = left_pad(prompts, pad_id)
@@ -131,8 +133,9 @@ def generate(
     mask = prompt_mask
     batch = ids.shape[0]
     cache = {_cache_keyword(model): DynamicCache()}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True, **cache)
-    logits = out.logits[:, -1, :]
+    logits, distinct, inverse = prefill(model, ids, mask, cache, share=share_prefill)
+    if len(distinct) < batch:
+        cache[_cache_keyword(model)].reorder_cache(inverse)  # every row gets its prompt's keys and values
     next_pos = positions(mask)[:, -1] + 1  # [B]
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
@@ -156,6 +159,26 @@ def generate(
         next_pos = next_pos + 1
     completion = torch.stack(generated, dim=1)  # [B, L]
     return assemble(ids, prompt_mask, completion, lengths.clamp(max=completion.shape[1]), finished, eos_id)
+
+
+def distinct_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first row of each distinct prompt [U], and for every row the index of its prompt among
+    them [B]: ``ids[distinct][inverse] == ids``."""
+    first: dict[tuple[int, ...], int] = {}
+    inverse = [first.setdefault(tuple(row), len(first)) for row in ids.tolist()]
+    distinct = sorted({index: row for row, index in reversed(list(enumerate(inverse)))}.values())
+    return torch.tensor(distinct, device=ids.device), torch.tensor(inverse, device=ids.device)
+
+
+def prefill(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, cache: dict, share: bool = True,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward over the prompts, each distinct one once (``share``): the G rows of a group
+    repeat one prompt, so a group's prefill costs one row instead of G. Returns every row's
+    next-token logits [B, V], the rows the cache holds [U] and each row's index among them [B]."""
+    distinct, inverse = distinct_rows(ids) if share else (torch.arange(len(ids), device=ids.device),) * 2
+    rows = mask[distinct]
+    out = model(input_ids=ids[distinct], attention_mask=rows, position_ids=positions(rows), use_cache=True, **cache)
+    return out.logits[:, -1, :][inverse], distinct, inverse
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:
