@@ -152,3 +152,26 @@ def test_auto_records_on_cuda_only_and_never_under_fsdp():
     assert TrainerConfig(system={"sharding": "fsdp"}).sampler_kind("cuda") == "hf"
     with pytest.raises(ValueError, match="fsdp samples with the trainer's own eager sampler"):
         TrainerConfig(system={"sharding": "fsdp"}, sampling={"rollout_backend": "captured"})
+
+
+def test_lora_adapters_switched_off_rebuild_the_recorded_step(tiny):
+    from trainer.adapters import adapter_free, attach_lora
+    from trainer.config import LoraConfig
+
+    base, tok = tiny
+    model = type(base)(base.config).eval()
+    model.load_state_dict(base.state_dict())
+    model = attach_lora(model, LoraConfig(rank=4))
+    with torch.no_grad():  # adapters that change the output (fresh ones add zero)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.5 * torch.randn_like(p))
+    sampler, prompts, greedy = CapturedSampler(), _groups(tok), _kwargs(tok, temperature=0.0)
+    with_adapters = generate(model, prompts, **greedy)
+    _same(sampler(model, prompts, **greedy), with_adapters)
+    with adapter_free(model):
+        without = generate(model, prompts, **greedy)
+        assert without.completion_ids != with_adapters.completion_ids
+        _same(sampler(model, prompts, **greedy), without)
+    _same(sampler(model, prompts, **greedy), with_adapters)
+    assert sampler.recordings == 3
