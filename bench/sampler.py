@@ -126,22 +126,24 @@ def greedy_checks(model, tokenizer, prompts, tokens: int) -> bool:
           f"({sum(a == b for a, b in zip(eager.completion_ids, recorded.completion_ids))}/{len(prompts)} rows)")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         a, b = generate(model, prompts, **kwargs), CapturedSampler()(model, prompts, **kwargs)
-    diverge = [next((j for j, (x, y) in enumerate(zip(r, s)) if x != y), min(len(r), len(s)))
-               for r, s in zip(a.completion_ids, b.completion_ids)]
+    diverge = [next(j for j, (x, y) in enumerate(zip(r + [-1], s + [-2])) if x != y)
+               for r, s in zip(a.completion_ids, b.completion_ids) if r != s]
     fp32 = [_mean_logprob(model, r) for r in (a, b)]
-    print(f"  bf16 greedy: {sum(x == y for x, y in zip(a.completion_ids, b.completion_ids))}/{len(prompts)} rows "
-          f"identical, first divergence at token {sum(diverge) / len(diverge):.1f} on average; fp32 log-prob a "
-          f"token of each sampler's completions {fp32[0]:.4f} / {fp32[1]:.4f} (|Δ| {abs(fp32[0] - fp32[1]):.1e})")
+    print(f"  bf16 greedy: {len(prompts) - len(diverge)}/{len(prompts)} rows identical"
+          + (f"; the others part at token {sum(diverge) / len(diverge):.1f} on average" if diverge else "")
+          + f"; fp32 log-prob a token of each sampler's completions {fp32[0]:.4f} / {fp32[1]:.4f}"
+          f" (|Δ| {abs(fp32[0] - fp32[1]):.1e})")
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1e-2 * torch.randn_like(p))
     in_place = captured(model, prompts, **kwargs).completion_ids == generate(model, prompts, **kwargs).completion_ids
-    moved = {k: v + 1e-2 * torch.randn_like(v) for k, v in model.state_dict().items()}
-    model.load_state_dict(moved, assign=True)
+    in_place &= captured.recordings == 1
+    model.load_state_dict({k: v + 1e-2 * torch.randn_like(v) for k, v in model.state_dict().items()}, assign=True)
     renewed = captured(model, prompts, **kwargs).completion_ids == generate(model, prompts, **kwargs).completion_ids
-    print(f"  after an in-place update: {'follows it' if in_place else 'STALE'} ({captured.recordings} recording); "
-          f"after new weight tensors: {'recorded again' if renewed and captured.recordings == 2 else 'STALE'}")
-    return same and in_place and renewed and captured.recordings == 2
+    renewed &= captured.recordings == 2
+    print(f"  after an in-place update: {'replayed, same tokens as eager' if in_place else 'STALE'}; "
+          f"after new weight tensors: {'recorded again, same tokens' if renewed else 'STALE'}")
+    return same and in_place and renewed
 
 
 def _mean_logprob(model, rollout) -> float:

@@ -86,17 +86,17 @@ class Shape(NamedTuple):
     rows: int
     width: int  # prompt columns of the cache
     budget: int  # generated columns of the cache
-    kv_dtype: torch.dtype
+    kv_dtypes: tuple[torch.dtype, torch.dtype]  # keys', values'
     temperature: float
     top_p: float
     autocast: torch.dtype | None  # the autocast dtype the step was recorded under, if any
 
     @classmethod
-    def of(cls, rows: int, width: int, budget: int, kv_dtype: torch.dtype, temperature: float, top_p: float,
-           device: torch.device) -> "Shape":
+    def of(cls, rows: int, width: int, budget: int, kv_dtypes: tuple[torch.dtype, torch.dtype], temperature: float,
+           top_p: float, device: torch.device) -> "Shape":
         up = lambda n: -(-n // BUCKET) * BUCKET  # noqa: E731
         cast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
-        return cls(max(MIN_ROWS, 1 << (rows - 1).bit_length()), up(width), up(budget), kv_dtype, temperature, top_p,
+        return cls(max(MIN_ROWS, 1 << (rows - 1).bit_length()), up(width), up(budget), kv_dtypes, temperature, top_p,
                    cast)
 
 
@@ -109,9 +109,10 @@ class DecodeState:
         rows, length = shape.rows, shape.width + shape.budget
         self.model, self.shape, self.end_ids, self.pad_id = model, shape, end_ids, pad_id
         self.cache = StaticCache(config=model.config, max_cache_len=length)
-        self.cache.early_initialization(batch_size=rows, num_heads=[layer.keys.shape[1] for layer in kv.layers],
-                                        head_dim=[layer.keys.shape[-1] for layer in kv.layers],
-                                        dtype=shape.kv_dtype, device=device)
+        for static, layer in zip(self.cache.layers, kv.layers):
+            # shaped and typed after the prefill's: under autocast the rotary embedding leaves keys in
+            # fp32 and values in bf16
+            static.lazy_initialization(layer.keys[:1].expand(rows, -1, -1, -1), layer.values[:1].expand(rows, -1, -1, -1))
         self.token = torch.full((rows, 1), pad_id, dtype=torch.long, device=device)
         self.position = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.mask = torch.ones((rows, length), dtype=torch.long, device=device)
@@ -204,7 +205,8 @@ class CapturedSampler:
         ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
         kv = DynamicCache()
         logits, _, inverse = prefill(model, ids, prompt_mask, {_cache_keyword(model): kv})
-        shape = Shape.of(len(prompts), ids.shape[1], max_new_tokens, kv.layers[0].keys.dtype, temperature, top_p, device)
+        kv_dtypes = (kv.layers[0].keys.dtype, kv.layers[0].values.dtype)
+        shape = Shape.of(len(prompts), ids.shape[1], max_new_tokens, kv_dtypes, temperature, top_p, device)
         state = self._state(model, shape, kv, logits.shape[-1], torch.tensor(as_ids(eos_id), device=device), pad_id)
         state.load(kv, inverse, prompt_mask, _seed_from(generator, device))
         state.advance(torch.cat([logits, logits[:1].expand(shape.rows - len(prompts), -1)]))
