@@ -189,3 +189,13 @@ def test_under_bf16_autocast_keys_and_values_keep_their_own_dtypes(tiny):
     assert state.cache.layers[0].keys.dtype == torch.float32 and state.cache.layers[0].values.dtype == torch.bfloat16
     same = sum(a == b for a, b in zip(captured.completion_ids, eager.completion_ids))
     assert same >= 0.75 * len(prompts)  # padded attention lengths may round a near-tie the other way
+
+
+def test_a_step_that_cannot_be_recorded_falls_back_to_the_eager_sampler(tiny, capsys):
+    # recording on the CPU fails as a model whose forward syncs with the host would on CUDA
+    model, tok = tiny
+    sampler, prompts, greedy = CapturedSampler(capture=True), _groups(tok), _kwargs(tok, temperature=0.0)
+    _same(sampler(model, prompts, **greedy), generate(model, prompts, **greedy))
+    assert sampler.unrecordable and "sampling with the eager sampler from now on" in capsys.readouterr().err
+    _same(sampler(model, prompts, **greedy), generate(model, prompts, **greedy))
+    assert capsys.readouterr().err == ""  # said once

@@ -18,13 +18,15 @@ default stays ``trainer.rollout.generate``, whose random draws the main job's re
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import OrderedDict
 from typing import NamedTuple, Sequence
 
 import torch
 from transformers import DynamicCache, StaticCache
 
-from trainer.rollout import Rollout, StopText, _cache_keyword, as_ids, assemble, left_pad, positions, prefill
+from trainer.rollout import (Rollout, StopText, _cache_keyword, as_ids, assemble, generate, left_pad, positions,
+                             prefill)
 
 BUCKET = 64  # prompt widths and token budgets are rounded up to a multiple of this
 MIN_ROWS = 8  # rows are rounded up to a power of two, at least this
@@ -196,11 +198,20 @@ class CapturedSampler:
         self.states: OrderedDict[Shape, DecodeState] = OrderedDict()
         self.weights: int | None = None
         self.recordings = 0  # how many states were built (and, on CUDA, captured): tests read it
+        self.unrecordable: str | None = None  # why recording failed, after which generate samples
+
+    def __call__(self, model: torch.nn.Module, prompts: list[list[int]], **kwargs) -> Rollout:
+        if self.unrecordable is None:
+            try:
+                return self.sample(model, prompts, **kwargs)
+            except CaptureFailed:
+                pass
+        return generate(model, prompts, **kwargs)
 
     @torch.no_grad()
-    def __call__(self, model: torch.nn.Module, prompts: list[list[int]], *, max_new_tokens: int,
-                 eos_id: int | Sequence[int], pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
-                 generator: torch.Generator | None = None, stop: StopText | None = None) -> Rollout:
+    def sample(self, model: torch.nn.Module, prompts: list[list[int]], *, max_new_tokens: int,
+               eos_id: int | Sequence[int], pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
+               generator: torch.Generator | None = None, stop: StopText | None = None) -> Rollout:
         device = next(model.parameters()).device
         ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
         kv = DynamicCache()
@@ -233,6 +244,16 @@ class CapturedSampler:
                 state.run_step()
         return stopped
 
+    def _record(self, state: DecodeState) -> None:
+        try:
+            state.record()
+        except Exception as exc:  # capture fails in many ways (a host sync in a model's forward, ...)
+            self.unrecordable = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            print(f"note: the captured sampler could not record a decode step ({self.unrecordable}); "
+                  "sampling with the eager sampler from now on", file=sys.stderr)
+            self.states.clear()
+            raise CaptureFailed from exc
+
     def _state(self, model: torch.nn.Module, shape: Shape, kv: DynamicCache, vocab: int, end_ids: torch.Tensor,
                pad_id: int) -> DecodeState:
         key = weights_key(model)
@@ -243,13 +264,17 @@ class CapturedSampler:
         if state is None or not torch.equal(state.end_ids, end_ids) or state.pad_id != pad_id:
             state = DecodeState(model, shape, kv, vocab, end_ids, pad_id)
             if self.capture if self.capture is not None else end_ids.device.type == "cuda":
-                state.record()
+                self._record(state)
             self.recordings += 1
             self.states[shape] = state
             while len(self.states) > MAX_BUCKETS:
                 self.states.popitem(last=False)
         self.states.move_to_end(shape)
         return state
+
+
+class CaptureFailed(Exception):
+    """The decode step could not be recorded; the sampler samples eagerly from then on."""
 
 
 def _seed_from(generator: torch.Generator | None, device: torch.device) -> int:
