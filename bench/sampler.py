@@ -30,13 +30,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_check import SMALL_SHAPE  # noqa: E402
 from trainer.decode import CapturedSampler  # noqa: E402
 from trainer.models import encode_prompt, end_token_ids, load_model, load_tokenizer  # noqa: E402
 from trainer.rollout import generate, sequence_logprobs  # noqa: E402
 from trainer.tiny_model import build_tiny_model  # noqa: E402
 
 SHAPES = {  # random-weight shapes for CUDA (the tiny tokenizer's vocabulary)
-    "358M": dict(hidden_size=896, layers=24, heads=14, kv_heads=2, intermediate_size=4864, max_positions=1024),
+    "358M": SMALL_SHAPE,  # the GPU check's
     "SmolLM2-135M": dict(hidden_size=576, layers=30, heads=9, kv_heads=3, intermediate_size=1536, max_positions=1024),
 }
 

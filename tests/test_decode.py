@@ -118,8 +118,9 @@ def test_new_weight_tensors_rebuild_the_recorded_step(tiny):
 def test_shapes_share_buckets(tiny):
     model, tok = tiny
     cpu = torch.device("cpu")
-    assert Shape.of(5, 70, 10, (torch.float32,) * 2, 1.0, 1.0, cpu)[:3] == (8, 128, 64)
-    assert [Shape.of(rows, 1, 1, (torch.float32,) * 2, 1.0, 1.0, cpu).rows for rows in (1, 9, 200)] == [8, 16, 256]
+    assert Shape.of(5, 70, 10, (torch.float32,) * 2, 1.0, 1.0, cpu, (2,), 0)[:3] == (8, 128, 64)
+    rows = [Shape.of(n, 1, 1, (torch.float32,) * 2, 1.0, 1.0, cpu, (2,), 0).rows for n in (1, 9, 200)]
+    assert rows == [8, 16, 256]
     sampler, prompts = CapturedSampler(), _groups(tok)
     for rows in (5, 7, 8):
         sampler(model, prompts[:rows], **_kwargs(tok))

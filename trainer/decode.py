@@ -25,7 +25,7 @@ from typing import NamedTuple, Sequence
 import torch
 from transformers import DynamicCache, StaticCache
 
-from trainer.rollout import (Rollout, StopText, _cache_keyword, as_ids, assemble, generate, left_pad, positions,
+from trainer.rollout import (Rollout, StopText, as_ids, assemble, cache_keyword, generate, left_pad, positions,
                              prefill)
 
 BUCKET = 64  # prompt widths and token budgets are rounded up to a multiple of this
@@ -92,24 +92,25 @@ class Shape(NamedTuple):
     temperature: float
     top_p: float
     autocast: torch.dtype | None  # the autocast dtype the step was recorded under, if any
+    end_ids: tuple[int, ...]
+    pad_id: int
 
     @classmethod
     def of(cls, rows: int, width: int, budget: int, kv_dtypes: tuple[torch.dtype, torch.dtype], temperature: float,
-           top_p: float, device: torch.device) -> "Shape":
+           top_p: float, device: torch.device, end_ids: tuple[int, ...], pad_id: int) -> "Shape":
         up = lambda n: -(-n // BUCKET) * BUCKET  # noqa: E731
         cast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
         return cls(max(MIN_ROWS, 1 << (rows - 1).bit_length()), up(width), up(budget), kv_dtypes, temperature, top_p,
-                   cast)
+                   cast, end_ids, pad_id)
 
 
 class DecodeState:
     """Everything one decode step reads and writes, at fixed addresses, for one Shape."""
 
-    def __init__(self, model: torch.nn.Module, shape: Shape, kv: DynamicCache, vocab: int, end_ids: torch.Tensor,
-                 pad_id: int):
-        device = end_ids.device
-        rows, length = shape.rows, shape.width + shape.budget
-        self.model, self.shape, self.end_ids, self.pad_id = model, shape, end_ids, pad_id
+    def __init__(self, model: torch.nn.Module, shape: Shape, kv: DynamicCache, vocab: int, device: torch.device):
+        rows, length, pad_id = shape.rows, shape.width + shape.budget, shape.pad_id
+        self.model, self.shape, self.pad_id = model, shape, pad_id
+        self.end_ids = torch.tensor(shape.end_ids, device=device)
         self.cache = StaticCache(config=model.config, max_cache_len=length)
         for static, layer in zip(self.cache.layers, kv.layers):
             # shaped and typed after the prefill's: under autocast the rotary embedding leaves keys in
@@ -123,7 +124,7 @@ class DecodeState:
         self.step = torch.zeros((), dtype=torch.long, device=device)  # the column the next token goes to
         self.seed = torch.zeros((), dtype=torch.long, device=device)
         self.counter = torch.arange(rows * vocab, dtype=torch.long, device=device).view(rows, vocab)
-        self.cache_keyword = _cache_keyword(model)
+        self.cache_keyword = cache_keyword(model)
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def load(self, kv: DynamicCache, rows: torch.Tensor, prompt_mask: torch.Tensor, seed: int) -> None:
@@ -215,10 +216,11 @@ class CapturedSampler:
         device = next(model.parameters()).device
         ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
         kv = DynamicCache()
-        logits, _, inverse = prefill(model, ids, prompt_mask, {_cache_keyword(model): kv})
+        logits, _, inverse = prefill(model, ids, prompt_mask, kv)
         kv_dtypes = (kv.layers[0].keys.dtype, kv.layers[0].values.dtype)
-        shape = Shape.of(len(prompts), ids.shape[1], max_new_tokens, kv_dtypes, temperature, top_p, device)
-        state = self._state(model, shape, kv, logits.shape[-1], torch.tensor(as_ids(eos_id), device=device), pad_id)
+        shape = Shape.of(len(prompts), ids.shape[1], max_new_tokens, kv_dtypes, temperature, top_p, device,
+                         as_ids(eos_id), pad_id)
+        state = self._state(model, shape, kv, logits.shape[-1], device)
         state.load(kv, inverse, prompt_mask, _seed_from(generator, device))
         state.advance(torch.cat([logits, logits[:1].expand(shape.rows - len(prompts), -1)]))
         stopped = self._decode(state, len(prompts), max_new_tokens, stop)
@@ -254,16 +256,16 @@ class CapturedSampler:
             self.states.clear()
             raise CaptureFailed from exc
 
-    def _state(self, model: torch.nn.Module, shape: Shape, kv: DynamicCache, vocab: int, end_ids: torch.Tensor,
-               pad_id: int) -> DecodeState:
+    def _state(self, model: torch.nn.Module, shape: Shape, kv: DynamicCache, vocab: int,
+               device: torch.device) -> DecodeState:
         key = weights_key(model)
         if key != self.weights:  # new tensors: every recorded step would read the old ones
             self.states.clear()
             self.weights = key
         state = self.states.get(shape)
-        if state is None or not torch.equal(state.end_ids, end_ids) or state.pad_id != pad_id:
-            state = DecodeState(model, shape, kv, vocab, end_ids, pad_id)
-            if self.capture if self.capture is not None else end_ids.device.type == "cuda":
+        if state is None:
+            state = DecodeState(model, shape, kv, vocab, device)
+            if device.type == "cuda" if self.capture is None else self.capture:
                 self._record(state)
             self.recordings += 1
             self.states[shape] = state
@@ -287,11 +289,11 @@ def _seed_from(generator: torch.Generator | None, device: torch.device) -> int:
 def _find_stops(state: DecodeState, stop: StopText, stopped: torch.Tensor, checked: int, made: int) -> int:
     """Look for the stop text ending at each token from ``checked`` to ``made``; rows where it does
     are finished on the device (the tokens they made since are dropped by their length)."""
-    batch = len(stopped)
-    columns = list(state.out[:batch, :made].cpu().unbind(dim=1))
+    batch, first = len(stopped), max(0, checked - len(stop.text.encode()))  # each token holds >= 1 byte of it
+    columns = list(state.out[:batch, first:made].cpu().unbind(dim=1))
     live = stopped == 0
     for end in range(checked, made):
-        hits = stop.hits(columns[:end + 1], live) & live
+        hits = stop.hits(columns[:end + 1 - first], live) & live
         stopped[hits] = end + 1
         live &= ~hits
     rows = (stopped > 0).nonzero().flatten()

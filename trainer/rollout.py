@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
 
 @dataclass
@@ -132,10 +132,11 @@ def generate(
     ids, prompt_mask = ids.to(device), prompt_mask.to(device)
     mask = prompt_mask
     batch = ids.shape[0]
-    cache = {_cache_keyword(model): DynamicCache()}
-    logits, distinct, inverse = prefill(model, ids, mask, cache, share=share_prefill)
+    kv = DynamicCache()
+    logits, distinct, inverse = prefill(model, ids, mask, kv, share=share_prefill)
     if len(distinct) < batch:
-        cache[_cache_keyword(model)].reorder_cache(inverse)  # every row gets its prompt's keys and values
+        kv.reorder_cache(inverse)  # every row gets its prompt's keys and values
+    cache = {cache_keyword(model): kv}
     next_pos = positions(mask)[:, -1] + 1  # [B]
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
@@ -164,24 +165,29 @@ def generate(
 def distinct_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The first row of each distinct prompt [U], and for every row the index of its prompt among
     them [B]: ``ids[distinct][inverse] == ids``."""
-    first: dict[tuple[int, ...], int] = {}
-    inverse = [first.setdefault(tuple(row), len(first)) for row in ids.tolist()]
-    distinct = sorted({index: row for row, index in reversed(list(enumerate(inverse)))}.values())
+    index: dict[tuple[int, ...], int] = {}
+    distinct, inverse = [], []
+    for row, tokens in enumerate(map(tuple, ids.tolist())):
+        if tokens not in index:
+            index[tokens] = len(distinct)
+            distinct.append(row)
+        inverse.append(index[tokens])
     return torch.tensor(distinct, device=ids.device), torch.tensor(inverse, device=ids.device)
 
 
-def prefill(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, cache: dict, share: bool = True,
+def prefill(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, kv: Cache, share: bool = True,
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One forward over the prompts, each distinct one once (``share``): the G rows of a group
-    repeat one prompt, so a group's prefill costs one row instead of G. Returns every row's
-    next-token logits [B, V], the rows the cache holds [U] and each row's index among them [B]."""
+    """One forward over the prompts into ``kv``, each distinct prompt once (``share``): the G rows
+    of a group repeat one prompt, so a group's prefill costs one row instead of G. Returns every
+    row's next-token logits [B, V], the rows ``kv`` holds [U] and each row's index among them [B]."""
     distinct, inverse = distinct_rows(ids) if share else (torch.arange(len(ids), device=ids.device),) * 2
     rows = mask[distinct]
-    out = model(input_ids=ids[distinct], attention_mask=rows, position_ids=positions(rows), use_cache=True, **cache)
+    out = model(input_ids=ids[distinct], attention_mask=rows, position_ids=positions(rows), use_cache=True,
+                **{cache_keyword(model): kv})
     return out.logits[:, -1, :][inverse], distinct, inverse
 
 
-def _cache_keyword(model: torch.nn.Module) -> str:
+def cache_keyword(model: torch.nn.Module) -> str:
     """transformers 5 renamed ``past_key_values`` to ``cache``; accept either generation."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
