@@ -179,15 +179,15 @@ class Domain:
         return {}
 
     def prompt(self, compact: str, chat: str, tools: list[dict[str, Any]] | None = None,
-               example: tuple[str, str] | None = None) -> Messages:
+               example: Messages | None = None) -> Messages:
         """A task's messages in this domain's prompt style: the ``compact`` text, or the ``chat``
         one; a chat prompt offers ``tools`` (JSON schemas) in its system message, beside the run's
-        system prompt, and ``example`` (a question and its answer) goes before a chat question as
-        an exchange already had: a small chat model copies the answer's format far better than it
-        follows words."""
+        system prompt, and ``example`` (a solved exchange: a question, the answer, any tool turns
+        between) goes before a chat question as an exchange already had: a small chat model copies
+        the answer's format far better than it follows words."""
         if self.config.prompt_style != "chat":
             return _with_system(self.config.system_prompt, user_prompt(compact))
-        shown = [{"role": "user", "content": example[0]}, {"role": "assistant", "content": example[1]}] if example else []
+        shown = [dict(message) for message in example or []]
         if tools:
             return [{"role": "system", "content": self.config.system_prompt or "", "tools": tools},
                     *shown, *user_prompt(chat)]
@@ -273,3 +273,8 @@ def _with_system(text: str | None, messages: Messages) -> Messages:
 
 def user_prompt(text: str) -> Messages:
     return [{"role": "user", "content": text}]
+
+
+def exchange(question: str, answer: str) -> Messages:
+    """A question and its answer as chat messages: a worked example for ``Domain.prompt``."""
+    return [*user_prompt(question), {"role": "assistant", "content": answer}]

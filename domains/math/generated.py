@@ -23,7 +23,7 @@ import random
 from fractions import Fraction
 from typing import Callable, ClassVar
 
-from domains.api import Task
+from domains.api import Messages, Task, exchange
 from domains.math.answer import BOX_REQUEST, MathAnswerDomain
 from domains.math.work import column_add, column_subtract, signed_sum, solution
 
@@ -70,7 +70,7 @@ class ProceduralMath(MathAnswerDomain):
 
     # One worked exchange before a chat question: SmolLM2-135M-Instruct boxed none of 24 arithmetic
     # answers asked in words alone and all of them after this (docs/experiments.md).
-    chat_example: ClassVar[tuple[str, str]] = (f"What is 2+3? {BOX_REQUEST}",
+    chat_example: ClassVar[Messages] = exchange(f"What is 2+3? {BOX_REQUEST}",
                                                 "2 + 3 = 5. The final answer is \\boxed{5}.")
 
 
@@ -195,8 +195,8 @@ class LinearEquations(ProceduralMath):
         equation = compact.removesuffix(", x=")
         return f"Solve {equation} for x. {BOX_REQUEST}"
 
-    chat_example = (f"Solve 2x+1=7 for x. {BOX_REQUEST}",
-                    "2x = 7 - 1 = 6, so x = 6 / 2 = 3. The final answer is \\boxed{3}.")
+    chat_example = exchange(f"Solve 2x+1=7 for x. {BOX_REQUEST}",
+                            "2x = 7 - 1 = 6, so x = 6 / 2 = 3. The final answer is \\boxed{3}.")
 
     def generators(self) -> dict[int, Generator]:
         return {1: _x_plus_b, 2: _x_minus_or_plus, 3: _ax_equals_c, 4: _ax_plus_b, 5: _both_sides}
@@ -262,8 +262,8 @@ class Fractions(ProceduralMath):
     def chat_question(self, compact: str) -> str:
         return f"What is {compact.rstrip('=')}? {FRACTION_REQUEST} {BOX_REQUEST}"
 
-    chat_example = (f"What is 1/2+1/4? {FRACTION_REQUEST} {BOX_REQUEST}",
-                    "1/2 + 1/4 = 2/4 + 1/4 = 3/4. The final answer is \\boxed{3/4}.")
+    chat_example = exchange(f"What is 1/2+1/4? {FRACTION_REQUEST} {BOX_REQUEST}",
+                            "1/2 + 1/4 = 2/4 + 1/4 = 3/4. The final answer is \\boxed{3/4}.")
 
     def generators(self) -> dict[int, Generator]:
         return {1: _same_denominator, 2: _small_sum, 3: _sum_or_difference,

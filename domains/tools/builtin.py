@@ -15,16 +15,20 @@
 Prompts list the tools as bare signatures (``add,sub,mul(a,b)``) rather than JSON schemas: a
 character-level model with a few hundred characters of context learns the call shape from the SFT
 reference transcripts, and the full schemas stay available from ``ToolEnvironment.tools()`` for
-models with a chat template. Every random draw goes through the ``rng`` passed to ``sample``.
+models with a chat template. A chat prompt opens with one solved exchange (a question, the call, the
+tool's answer, the final answer) on values no task can have: SmolLM2-135M-Instruct made no call at
+all until it saw one (docs/experiments.md). Every random draw goes through the ``rng`` passed to
+``sample``.
 """
 from __future__ import annotations
 
+import json
 import random
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from domains.api import DomainConfig, Task
+from domains.api import DomainConfig, Messages, Task, user_prompt
 from domains.tools.calls import render_call
 from domains.tools.environment import ToolConfig, ToolDomain, ToolEnvironment, ToolError, tool
 
@@ -34,15 +38,24 @@ INT = {"type": "integer", "minimum": -LIMIT, "maximum": LIMIT}
 
 def _task(domain: ToolDomain, level: int, compact: str, chat: str, payload: dict[str, Any],
           env: type[ToolEnvironment]) -> Task:
-    """A task whose chat-style prompt offers ``env``'s tools."""
-    prompt = domain.prompt(compact, chat, tools=env.tools())
+    """A task whose chat-style prompt offers ``env``'s tools after the domain's solved exchange."""
+    prompt = domain.prompt(compact, chat, tools=env.tools(), example=domain.chat_example())
     return Task(domain=domain.name, level=level, prompt=prompt, payload=payload, meta={"family": domain.name})
 
 
 class ProceduralToolDomain(ToolDomain):
-    """Shared level check; subclasses implement ``_draw(level, rng) -> Task``."""
+    """Shared level check and worked example; subclasses implement ``_draw(level, rng) -> Task``
+    and set ``example``."""
 
     levels = (1, 2, 3, 4, 5)
+    example: ClassVar[tuple[str, dict[str, Any]]]  # (chat question, payload) of a task outside the task space
+
+    def chat_example(self) -> Messages:
+        """``example`` solved by its reference turns against a real environment, so the tool's
+        answers in it read exactly as they will in an episode."""
+        question, payload = self.example
+        solved = Task(domain=self.name, level=1, prompt=user_prompt(question), payload=payload)
+        return [*solved.prompt, *json.loads(self.reference(solved))]
 
     def sample(self, level: int, n: int, rng: random.Random) -> list[Task]:
         if level not in self.levels:
@@ -90,20 +103,28 @@ def _chain(steps: list[tuple[str, int | None, int]]) -> tuple[list[str], int]:
     return turns + [f"\\boxed{{{value}}}"], value
 
 
+def _compute(expression: str) -> str:
+    return (f"Compute {expression} with the tools, one call at a time (they are exact where mental "
+            "arithmetic is not), then give the result in \\boxed{}.")
+
+
+def _chain_payload(steps: list[tuple[str, int | None, int]]) -> dict[str, Any]:
+    turns, value = _chain(steps)
+    return {"reference_turns": turns, "answer": str(value)}
+
+
 class Calculator(ProceduralToolDomain):
     name = "tool_calculator"
     tools_line = "add,sub,mul(a,b)"
+    example = (_compute("12*34"), _chain_payload([("mul", 12, 34)]))  # tasks use 3 digits or more
 
     def environment(self, task: Task) -> ToolEnvironment:
         return CalculatorEnv()
 
     def _draw(self, level: int, rng: random.Random) -> Task:
         expression, steps = getattr(self, f"_level{level}")(rng)
-        turns, value = _chain(steps)
-        chat = (f"Compute {expression} with the tools, one call at a time (they are exact where mental "
-                "arithmetic is not), then give the result in \\boxed{}.")
-        return _task(self, level, f"{self.tools_line}\n{expression}=", chat,
-                     {"reference_turns": turns, "answer": str(value)}, CalculatorEnv)
+        return _task(self, level, f"{self.tools_line}\n{expression}=", _compute(expression),
+                     _chain_payload(steps), CalculatorEnv)
 
     def _level1(self, rng: random.Random) -> tuple[str, list]:
         a, b = _digits(rng, 3), _digits(rng, 3)
@@ -194,6 +215,17 @@ def _writes(have: dict[str, int], want: dict[str, int]) -> list[str]:
     return calls
 
 
+def _make_hold(have: dict[str, int], want: dict[str, int], shown: bool) -> str:
+    holds = ("is empty" if not have else f"holds {_show(have)}") if shown else \
+        "holds keys you cannot see (dump() lists them)"
+    return f"A key-value store {holds}. With the tools, make it hold exactly {_show(want)}, then reply done."
+
+
+def _store_payload(have: dict[str, int], want: dict[str, int], shown: bool) -> dict[str, Any]:
+    turns = ([] if shown else [render_call("dump")]) + _writes(have, want) + ["done"]
+    return {"store": have, "reference_turns": turns}
+
+
 class KVConfig(ToolConfig):
     max_turns: int = Field(default=5, ge=1, le=64)  # level 5: dump, three writes, done
 
@@ -202,6 +234,7 @@ class KVStore(ProceduralToolDomain):
     name = "tool_kv_store"
     Config: ClassVar[type[DomainConfig]] = KVConfig
     tools_line = "set(k,v),del(k),dump()"
+    example = (_make_hold({"x": 1}, {"x": 1, "y": 2}, True), _store_payload({"x": 1}, {"x": 1, "y": 2}, True))  # keys: a-h
     # (keys in the store, edits to make, store shown in the prompt) per level
     shapes: ClassVar[dict[int, tuple[tuple[int, int], int, bool]]] = {
         1: ((0, 2), 1, True), 2: ((2, 3), 1, True), 3: ((3, 4), 2, True),
@@ -219,13 +252,9 @@ class KVStore(ProceduralToolDomain):
             want = {**have, key: rng.randint(0, 9)}
         else:
             want = _edit(rng, have, changes)
-        turns = ([] if shown else [render_call("dump")]) + _writes(have, want) + ["done"]
         prompt = f"{self.tools_line}\nhave {_show(have) if shown else '?'}\nwant {_show(want)}"
-        holds = ("is empty" if not have else f"holds {_show(have)}") if shown else \
-            "holds keys you cannot see (dump() lists them)"
-        chat = (f"A key-value store {holds}. With the tools, make it hold exactly {_show(want)}, "
-                "then reply done.")
-        return _task(self, level, prompt, chat, {"store": have, "reference_turns": turns}, KVStoreEnv)
+        return _task(self, level, prompt, _make_hold(have, want, shown), _store_payload(have, want, shown),
+                     KVStoreEnv)
 
 
 # -- lookup chains ---------------------------------------------------------------------------------
@@ -262,10 +291,30 @@ def _names(rng: random.Random, n: int) -> list[str]:
     return sorted(names)
 
 
+def _follow(start: str, hops: int, field: str) -> str:
+    wanted = "their manager" if field == "mgr" else "their city"
+    chain = f"follow the manager (mgr) {hops} time{'s' * (hops != 1)}, then give " if hops else "give "
+    return (f"get(n) looks up person n in a table of people, each with a manager (mgr) and a city. Start "
+            f"from {start}: {chain}{wanted} in \\boxed{{}}.")
+
+
+def _table_payload(table: dict[str, dict[str, str]], start: str, hops: int, field: str) -> dict[str, Any]:
+    turns, person = [], start
+    for _ in range(hops):
+        turns.append(render_call("get", n=person))
+        person = table[person]["mgr"]
+    turns.append(render_call("get", n=person))
+    answer = table[person][field]
+    return {"table": table, "reference_turns": turns + [f"\\boxed{{{answer}}}"], "answer": answer}
+
+
 class Lookup(ProceduralToolDomain):
     name = "tool_lookup"
     Config: ClassVar[type[DomainConfig]] = LookupConfig
     tools_line = "get(n)"
+    example = (_follow("anna", 0, "city"),  # tasks' names have three letters
+               _table_payload({"anna": {"mgr": "otto", "city": "oslo"}, "otto": {"mgr": "anna", "city": "rome"}},
+                              "anna", 0, "city"))
     # (people in the table, hops through "mgr" before the last field, last field) per level
     shapes: ClassVar[dict[int, tuple[int, int, str]]] = {
         1: (3, 0, "city"), 2: (3, 0, "mgr"), 3: (4, 1, "city"), 4: (5, 2, "city"), 5: (6, 3, "city"),
@@ -280,20 +329,9 @@ class Lookup(ProceduralToolDomain):
         # everyone's manager is someone else, so a chain never stalls on a self-loop
         table = {p: {"mgr": rng.choice([q for q in people if q != p]), "city": rng.choice(CITIES)} for p in people}
         start = rng.choice(people)
-        turns, person = [], start
-        for _ in range(hops):
-            turns.append(render_call("get", n=person))
-            person = table[person]["mgr"]
-        turns.append(render_call("get", n=person))
-        answer = table[person][field]
         path = ".".join([start] + ["mgr"] * hops + [field])
-        wanted = "their manager" if field == "mgr" else "their city"
-        chain = f"follow the manager (mgr) {hops} time{'s' * (hops != 1)}, then give " if hops else "give "
-        chat = (f"get(n) looks up person n in a table of people, each with a manager (mgr) and a city. Start "
-                f"from {start}: {chain}{wanted} in \\boxed{{}}.")
-        return _task(self, level, f"{self.tools_line}\n{path}=", chat,
-                     {"table": table, "reference_turns": turns + [f"\\boxed{{{answer}}}"], "answer": answer},
-                     LookupEnv)
+        return _task(self, level, f"{self.tools_line}\n{path}=", _follow(start, hops, field),
+                     _table_payload(table, start, hops, field), LookupEnv)
 
 
 TOOL_CALCULATOR = Calculator()
