@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from domains.api import DomainConfig
+from domains.api import DomainConfig, Task
 from domains.code.dataset import CODE_DATASET
 from domains.math.dataset import MATH_DATASET
 from domains.registry import load, load_all
@@ -39,10 +39,23 @@ def test_a_chat_prompt_of_every_procedural_domain_asks_for_the_format_and_its_re
             if name in ("arithmetic", "linear_equations", "fractions"):  # one worked exchange first
                 assert [m["role"] for m in b.prompt] == ["system", "user", "assistant", "user"]
                 assert "The final answer is \\boxed{" in b.prompt[2]["content"]
-            if name.startswith("tool_"):  # the tools' schemas, for the chat template or in words
+            if name.startswith("tool_"):  # the tools' schemas, for the chat template or in words; one solved exchange
                 assert [t["name"] for t in b.prompt[0]["tools"]] == [t["name"] for t in chat.environment(b).tools()]
+                assert [m["role"] for m in b.prompt] == ["system", "user", "assistant", "tool", "assistant", "user"]
             result = chat.verify(b, chat.reference(b))
             assert (result.reward, result.correct) == (1.0, True), (name, level, b.prompt, result)
+
+
+@pytest.mark.parametrize("name", ["tool_calculator", "tool_kv_store", "tool_lookup"])
+def test_a_tool_domains_solved_exchange_scores_and_is_no_task_it_could_draw(name):
+    domain = load(name).configure({"prompt_style": "chat"})
+    shown = domain.chat_example()
+    assert shown[0]["role"] == "user" and "<tool_call>" in shown[1]["content"] and shown[2]["role"] == "tool"
+    solved = Task(domain=name, level=1, prompt=shown[:1], payload=domain.example[1])
+    result = domain.verify(solved, json.dumps(shown[1:]))  # the tool's answers are the environment's own
+    assert (result.reward, result.correct) == (1.0, True), result
+    asked = {t.prompt[-1]["content"] for level in domain.levels for t in domain.sample(level, 200, random.Random(level))}
+    assert shown[0]["content"] not in asked and len(asked) > 100
 
 
 @pytest.mark.parametrize("name", PROCEDURAL)
