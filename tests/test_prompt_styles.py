@@ -54,7 +54,8 @@ def test_a_tool_domains_solved_exchange_scores_and_is_no_task_it_could_draw(name
     solved = Task(domain=name, level=1, prompt=shown[:1], payload=domain.example[1])
     result = domain.verify(solved, json.dumps(shown[1:]))  # the tool's answers are the environment's own
     assert (result.reward, result.correct) == (1.0, True), result
-    asked = {t.prompt[-1]["content"] for level in domain.levels for t in domain.sample(level, 200, random.Random(level))}
+    asked = {task.prompt[-1]["content"] for level in domain.levels
+             for task in domain.sample(level, 200, random.Random(level))}
     assert shown[0]["content"] not in asked and len(asked) > 100
 
 

@@ -234,7 +234,8 @@ class KVStore(ProceduralToolDomain):
     name = "tool_kv_store"
     Config: ClassVar[type[DomainConfig]] = KVConfig
     tools_line = "set(k,v),del(k),dump()"
-    example = (_make_hold({"x": 1}, {"x": 1, "y": 2}, True), _store_payload({"x": 1}, {"x": 1, "y": 2}, True))  # keys: a-h
+    example = (_make_hold({"x": 1}, {"x": 1, "y": 2}, True),  # tasks' keys are a-h
+               _store_payload({"x": 1}, {"x": 1, "y": 2}, True))
     # (keys in the store, edits to make, store shown in the prompt) per level
     shapes: ClassVar[dict[int, tuple[tuple[int, int], int, bool]]] = {
         1: ((0, 2), 1, True), 2: ((2, 3), 1, True), 3: ((3, 4), 2, True),
