@@ -49,7 +49,7 @@ def test_a_chat_prompt_of_every_procedural_domain_asks_for_the_format_and_its_re
 @pytest.mark.parametrize("name", ["tool_calculator", "tool_kv_store", "tool_lookup"])
 def test_a_tool_domains_solved_exchange_scores_and_is_no_task_it_could_draw(name):
     domain = load(name).configure({"prompt_style": "chat"})
-    shown = domain.chat_example()
+    shown = domain.chat_example
     assert shown[0]["role"] == "user" and "<tool_call>" in shown[1]["content"] and shown[2]["role"] == "tool"
     solved = Task(domain=name, level=1, prompt=shown[:1], payload=domain.example[1])
     result = domain.verify(solved, json.dumps(shown[1:]))  # the tool's answers are the environment's own

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import random
+from functools import cached_property
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -39,7 +40,7 @@ INT = {"type": "integer", "minimum": -LIMIT, "maximum": LIMIT}
 def _task(domain: ToolDomain, level: int, compact: str, chat: str, payload: dict[str, Any],
           env: type[ToolEnvironment]) -> Task:
     """A task whose chat-style prompt offers ``env``'s tools after the domain's solved exchange."""
-    prompt = domain.prompt(compact, chat, tools=env.tools(), example=domain.chat_example())
+    prompt = domain.prompt(compact, chat, tools=env.tools(), example=domain.chat_example)
     return Task(domain=domain.name, level=level, prompt=prompt, payload=payload, meta={"family": domain.name})
 
 
@@ -50,9 +51,10 @@ class ProceduralToolDomain(ToolDomain):
     levels = (1, 2, 3, 4, 5)
     example: ClassVar[tuple[str, dict[str, Any]]]  # (chat question, payload) of a task outside the task space
 
+    @cached_property
     def chat_example(self) -> Messages:
         """``example`` solved by its reference turns against a real environment, so the tool's
-        answers in it read exactly as they will in an episode."""
+        answers in it read exactly as they will in an episode; played once, not for every task drawn."""
         question, payload = self.example
         solved = Task(domain=self.name, level=1, prompt=user_prompt(question), payload=payload)
         return [*solved.prompt, *json.loads(self.reference(solved))]
