@@ -3,6 +3,7 @@ import json
 
 import numpy as np
 import pytest
+import yaml
 
 from curriculum.cli import main
 from curriculum.compare import RunCurves, compare_curves, format_table, load_run, paired_ci, run_metrics
@@ -182,6 +183,14 @@ def test_a_training_sweep_compares_from_its_held_out_evaluations(tmp_path, capsy
     assert (tmp_path / "report" / "macro.png").exists() and (tmp_path / "report" / "heldout.png").exists()
     page = (tmp_path / "report" / "index.html").read_text()  # a trainer run stores its verdicts: all columns shown
     assert "<td>arithmetic</td>" in page and "<th>correct</th>" in page and "<th>sandbox violation</th>" in page
+    # the simulator fitted to the run: one domain per trained domain, its batch and steps
+    from curriculum.sim.fit import main as fit_main
+
+    fit_main(["--db", url, "--run", first["id"], "--out", str(tmp_path / "fitted.yaml"), "--seeds", "2"])
+    scenario = ScenarioConfig(**yaml.safe_load((tmp_path / "fitted.yaml").read_text()))
+    assert [d.name for d in scenario.fitted] == ["arithmetic", "fractions"] and scenario.name == "fitted"
+    assert (scenario.steps, scenario.prompts_per_step, scenario.group_size, scenario.levels) == (3, 4, 2, 5)
+    assert "held-out gain" in capsys.readouterr().out
 
 
 def test_a_difficulty_ablation_is_a_group_of_its_own(tmp_path):

@@ -15,6 +15,15 @@ from curriculum.schema import is_in_memory_sqlite
 from domains.config import StrictModel as _Strict
 
 
+class FittedDomain(_Strict):
+    """One domain whose learner is set, not drawn: a scenario fitted to a real run (``fit.py``)."""
+
+    name: str
+    theta0: float = Field(description="starting skill")
+    lr: float = Field(ge=0, description="theta gain per group at mean |A| = 1")
+    slope: float = Field(gt=0, description="a_d")
+
+
 class ScenarioConfig(_Strict):
     """A synthetic world of domains and the learner that trains on it (see ``learner.py``).
 
@@ -54,6 +63,9 @@ class ScenarioConfig(_Strict):
     # the trainer's dynamic sampling (DAPO): groups whose rewards all agree are left out and
     # replaced by groups drawn in the step's proportions of (domain, level), in up to this many rounds
     refill_rounds: int = Field(0, ge=0, description="dynamic sampling rounds (the trainer's default is 2)")
+    # domains fitted to a real run: their names, starting skills, rates and slopes replace the drawn
+    # ones (the effects above are still drawn, so leave them off); `domains` must count them
+    fitted: list[FittedDomain] = Field(default_factory=list)
     # logging
     domains_every: int = Field(10, ge=1, description="log the per-domain held-out vector every k steps")
     mastery: float = Field(DEFAULT_MASTERY, gt=0, le=1, description="held-out success that counts as mastered")
@@ -66,6 +78,8 @@ class ScenarioConfig(_Strict):
             raise ValueError("size_max must be >= size_min")
         if self.unlearnable_share + self.noisy_share + self.prerequisite_share > 1.0:
             raise ValueError("unlearnable_share + noisy_share + prerequisite_share must be <= 1")
+        if self.fitted and len(self.fitted) != self.domains:
+            raise ValueError(f"domains is {self.domains} but {len(self.fitted)} domains are fitted")
         return self
 
 

@@ -20,6 +20,9 @@ domains (``ScenarioConfig``):
 - uneven sizes: a domain has n_d distinct prompts; reusing them yields less,
   reuse_d = 1 / sqrt(1 + groups drawn / n_d).
 
+A fitted scenario (``sim.fitted``, written by ``fit.py`` from a real run) sets each domain's name,
+θ0, lr and slope instead of drawing them.
+
 Held-out success per domain is the model's own mean over levels of σ(a_d(θ_d − b_ℓ)) — no
 sampling noise — which is what a fixed, large held-out set would measure.
 
@@ -82,8 +85,12 @@ def build_world(cfg: ScenarioConfig, seed: int) -> World:
     forget = np.zeros(n)
     forgets = rng.random(n) < cfg.forgetting_share
     forget[forgets] = rng.uniform(0.2, 1.0, forgets.sum()) * cfg.forgetting_rate
-    return World(names=names, kind=kind, slope=rng.uniform(cfg.slope_min, cfg.slope_max, n),
-                 theta0=theta0, lr=lr, forget=forget, prereq=_prerequisites(cfg, kind),
+    slope = rng.uniform(cfg.slope_min, cfg.slope_max, n)
+    if cfg.fitted:  # drawn above all the same, so the other draws stay those of an unfitted world
+        names = [d.name for d in cfg.fitted]
+        theta0, lr, slope = (np.array([getattr(d, key) for d in cfg.fitted], dtype=float)
+                             for key in ("theta0", "lr", "slope"))
+    return World(names=names, kind=kind, slope=slope, theta0=theta0, lr=lr, forget=forget, prereq=_prerequisites(cfg, kind),
                  size=_sizes(cfg, rng), transfer=_transfer(cfg, rng),
                  b=cfg.level_step * np.arange(cfg.levels, dtype=float), unlock_theta=cfg.unlock_theta)
 

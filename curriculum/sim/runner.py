@@ -44,6 +44,7 @@ class SimResult:
     final_macro: float
     auc: float  # mean of heldout/macro over the steps (the normalised area under the curve)
     seconds: float
+    heldout: np.ndarray  # [D] each domain's held-out success at the end
 
 
 def plan_arrays(plan: Plan, index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -148,5 +149,6 @@ def run_sim(cfg: SimAppConfig, store: StatsStore | None = None, progress_every: 
     finally:
         with contextlib.suppress(StepWriteFailed):  # already raised in the loop; the run is marked failed
             curriculum.finish(status)
-    return SimResult(run_id, sc.steps, float(learner.heldout().mean()), macro_sum / sc.steps,
-                     time.perf_counter() - start)
+    heldout = learner.heldout()
+    return SimResult(run_id, sc.steps, float(heldout.mean()), macro_sum / sc.steps, time.perf_counter() - start,
+                     heldout)
