@@ -133,11 +133,19 @@ def load_run(store, run: dict, metric_key: str = "heldout/macro") -> RunCurves |
         vectors = [(r["step"], r["heldout/domains"]) for r in rows if r.get("heldout/domains") is not None]
         domain_steps = np.array([s for s, _ in vectors], dtype=float)
         domains = np.array([v for _, v in vectors], dtype=float) / 1000.0 if vectors else np.zeros((0, 0))
+        names = _fitted_names(run, domains.shape[1] if domains.ndim == 2 else 0)
     return RunCurves(run["id"], run_label(run), int(run["seed"]), steps, rollouts, macro, worst, zero_var,
                      domain_steps, domains, "rollouts" if simulated else "steps", names)
 
 
 SUMMARY_KEYS = {"macro", "worst_decile", "mastered", "domains"}  # heldout/* keys that are not domains
+
+
+def _fitted_names(run: dict, width: int) -> tuple[str, ...]:
+    """A simulated run's domain names where its world was fitted to a real run (``sim.fitted``)."""
+    fitted = ((run.get("config") or {}).get("sim") or {}).get("fitted") or []
+    names = tuple(d["name"] for d in fitted)
+    return names if len(names) == width else ()
 
 
 def _domain_names(row: dict) -> tuple[str, ...]:
@@ -376,7 +384,7 @@ def format_table(cmp: Comparison) -> str:
 def format_domain_table(cmp: Comparison) -> str:
     """Each named domain's final held-out success per policy, and its paired difference from baseline."""
     if not cmp.domains:
-        return "no per-domain held-out success in this sweep (the simulator stores none by name)"
+        return "no per-domain held-out success in this sweep (a simulated world names its domains only when fitted)"
     labels = list(cmp.domains)
     names = sorted({name for effects in cmp.domains.values() for name in effects})
     rows = [["domain (final held-out)"] + labels]

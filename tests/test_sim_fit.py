@@ -65,3 +65,22 @@ def test_the_fit_recovers_a_known_learner():
     assert lr[2] == 0.0 and lr[:2] == pytest.approx(true_lr[:2], rel=0.1)
     assert simulated - start == pytest.approx(after - before, abs=0.01)
     assert math.isclose(scenario.fitted[0].slope, SLOPE)
+
+
+def test_compare_names_a_fitted_worlds_domains(tmp_path, capsys):
+    from curriculum.cli import main
+    from curriculum.store import StatsStore
+
+    fitted = [FittedDomain(name="algebra", theta0=0.0, lr=0.05, slope=SLOPE),
+              FittedDomain(name="tool_calls", theta0=-2.0, lr=0.1, slope=SLOPE)]
+    scenario = ScenarioConfig(domains=2, levels=3, steps=12, prompts_per_step=4, group_size=4, fitted=fitted)
+    url = f"sqlite:///{tmp_path / 'fitted.db'}"
+    with StatsStore(url) as store:
+        for policy in ("uniform", "learnability"):
+            for seed in range(3):
+                run_sim(SimAppConfig(sim=scenario, policy=parse_policy({"type": policy}), seed=seed, sweep_id="fit",
+                                     difficulty=parse_difficulty({"type": "threshold"})), store)
+    capsys.readouterr()
+    assert main(["compare", "--db", url, "--sweep", "fit", "--domains"]) == 0
+    table = capsys.readouterr().out
+    assert "domain (final held-out)" in table and "\nalgebra " in table and "\ntool_calls " in table
