@@ -84,3 +84,17 @@ def test_compare_names_a_fitted_worlds_domains(tmp_path, capsys):
     assert main(["compare", "--db", url, "--sweep", "fit", "--domains"]) == 0
     table = capsys.readouterr().out
     assert "domain (final held-out)" in table and "\nalgebra " in table and "\ntool_calls " in table
+
+
+def test_fitting_to_a_run_the_store_lacks_is_one_line(tmp_path):
+    from curriculum.sim.fit import main
+    from curriculum.store import StatsStore
+
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    StatsStore(url).close()
+    with pytest.raises(SystemExit) as exit_:
+        main(["--db", url, "--run", "nope", "--out", str(tmp_path / "x.yaml")])
+    assert str(exit_.value) == f"error: no run 'nope' in '{url}'"
+    with pytest.raises(SystemExit, match="^error: .*missing.db") as exit_:
+        main(["--db", f"sqlite:///{tmp_path / 'missing.db'}", "--run", "nope", "--out", str(tmp_path / "x.yaml")])
+    assert not (tmp_path / "x.yaml").exists()

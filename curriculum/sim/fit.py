@@ -151,7 +151,7 @@ def scenario_yaml(scenario: ScenarioConfig, real: RealRun, start: np.ndarray, si
 
 
 def main(argv: list[str] | None = None) -> None:
-    from curriculum.store import StatsStore
+    from curriculum.store import StatsStore, StoreUnavailable
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", required=True, help="the store URL of the real run")
@@ -159,8 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, type=Path, help="where to write the scenario (conf/sim/NAME.yaml)")
     parser.add_argument("--seeds", type=int, default=8, help="simulated runs averaged per round")
     args = parser.parse_args(argv)
-    with StatsStore(args.db, create=False) as store:
-        real = read_run(store, args.run)
+    try:
+        with StatsStore(args.db, create=False) as store:
+            real = read_run(store, args.run)
+    except (KeyError, ValueError, StoreUnavailable) as exc:
+        raise SystemExit(f"error: {exc.args[0] if exc.args else exc}") from None
     scenario, start, simulated = fit_scenario(real, seeds=args.seeds)
     scenario = scenario.model_copy(update={"name": args.out.stem})
     args.out.write_text(scenario_yaml(scenario, real, start, simulated))
