@@ -257,3 +257,4 @@ def test_the_smollm2_preset_composes_to_the_real_model_asked_in_words():
     config = _compose(["+experiment=smollm2"])
     assert config.model.type == "smollm2" and config.model.domain_options() == {"prompt_style": "chat"}
     assert len(config.domains) == 8 and config.sft.steps == 0 and config.trainer.loss.beta == 0.0
+    assert config.policy.type == "uniform" and config.trainer.steps == 20
