@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from scipy.optimize import brentq
 
 from curriculum.compare import load_run
 from curriculum.config import DifficultyConfig, PolicyConfig, parse_difficulty, parse_policy
@@ -65,15 +66,15 @@ def read_run(store, run_id: str) -> RealRun:
     config = run["config"]
     trainer, names = config["trainer"], curves.domain_names
     last = next(r for r in reversed(store.metrics(run_id)) if r.get("heldout/macro") is not None)
-    levels = max(sum(key.startswith(f"heldout/{name}/") for key in last) for name in names)
+    levels = max(1, max(sum(key.startswith(f"heldout/{name}/") for key in last) for name in names))
     scenario = ScenarioConfig(
-        name=f"fitted to {run['name']} ({run_id[:8]})", domains=len(names), levels=max(levels, 1),
+        name=f"fitted to {run['name']} ({run_id[:8]})", domains=len(names), levels=levels,
         steps=int(trainer["steps"]), prompts_per_step=int(trainer["prompts_per_step"]),
         group_size=int(trainer["group_size"]), refill_rounds=int(trainer["sampling"]["max_refill_rounds"]),
         transfer_pos=0.0, fitted=[])
     successes, attempts = early_success(store.step_stats(run_id), names)
     return RealRun(names, curves.domains[0], curves.domains[-1],
-                   int(config["eval"]["tasks_per_level"]) * max(levels, 1), successes, attempts, scenario,
+                   int(config["eval"]["tasks_per_level"]) * levels, successes, attempts, scenario,
                    parse_policy(config["policy"]), parse_difficulty(config["difficulty"]))
 
 
@@ -87,12 +88,9 @@ def early_success(step_stats: list[dict], names: tuple[str, ...]) -> tuple[np.nd
 
 
 def skill_at(success: float, slope: float, offsets: np.ndarray) -> float:
-    """θ at which the mean over levels of σ(slope·(θ − b)) is ``success`` (bisection: it rises with θ)."""
-    lo, hi = -30.0, 30.0 + float(offsets.max())
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sigmoid(slope * (mid - offsets)).mean() < success else (lo, mid)
-    return (lo + hi) / 2
+    """θ at which the mean over levels of σ(slope·(θ − b)) is ``success`` (it rises with θ: one root)."""
+    return brentq(lambda theta: sigmoid(slope * (theta - offsets)).mean() - success,
+                  -30.0, 30.0 + float(offsets.max()), xtol=1e-12)
 
 
 def starting_skills(real: RealRun, offsets: np.ndarray) -> np.ndarray:

@@ -90,8 +90,8 @@ def build_world(cfg: ScenarioConfig, seed: int) -> World:
         names = [d.name for d in cfg.fitted]
         theta0, lr, slope = (np.array([getattr(d, key) for d in cfg.fitted], dtype=float)
                              for key in ("theta0", "lr", "slope"))
-    return World(names=names, kind=kind, slope=slope, theta0=theta0, lr=lr, forget=forget, prereq=_prerequisites(cfg, kind),
-                 size=_sizes(cfg, rng), transfer=_transfer(cfg, rng),
+    return World(names=names, kind=kind, slope=slope, theta0=theta0, lr=lr, forget=forget,
+                 prereq=_prerequisites(cfg, kind), size=_sizes(cfg, rng), transfer=_transfer(cfg, rng),
                  b=cfg.level_step * np.arange(cfg.levels, dtype=float), unlock_theta=cfg.unlock_theta)
 
 
