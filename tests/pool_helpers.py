@@ -88,6 +88,19 @@ def task() -> Task:
     return UNRULY.sample(1, 1, random.Random(0))[0]
 
 
+def wait_until_every_worker_is_up(pool, timeout_s: float = 60.0) -> None:
+    """A worker replaced after a timeout starts in the background, which on a busy machine can
+    outlast a 1.5 s deadline; a test that races one worker against another waits for both first."""
+    def all_up() -> bool:
+        workers = getattr(pool, "_workers", None) or pool._actors  # the local pool's or Ray's
+        return all(worker.ready for worker in workers)
+
+    deadline = time.monotonic() + timeout_s
+    while not all_up():
+        assert time.monotonic() < deadline, "a verifier worker never came up"
+        time.sleep(0.05)
+
+
 def _load_only_in(parent_pid: int) -> "UnrulyDomain":
     if os.getpid() != parent_pid:
         raise RuntimeError("this domain cannot be loaded in a worker process")

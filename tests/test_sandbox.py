@@ -85,12 +85,12 @@ def test_sees_only_its_own_processes():
 def test_wall_clock_timeout_kills_a_sleeper():
     start = time.monotonic()
     result = run("import time; time.sleep(30)", SandboxConfig(wall_timeout_s=0.5))
-    assert result.timed_out and time.monotonic() - start < 2.0
+    assert result.timed_out and time.monotonic() - start < 10  # far from the 30 s sleep, on a busy machine too
 
 
 def test_cpu_limit_kills_a_busy_loop():
-    result = run("while True: pass", SandboxConfig(wall_timeout_s=10, cpu_s=1))
-    assert result.timed_out and result.wall_s < 5
+    result = run("while True: pass", SandboxConfig(wall_timeout_s=60, cpu_s=1))
+    assert result.timed_out and result.wall_s < 30  # one CPU second, long before the wall clock's 60
 
 
 def test_stdout_is_capped_and_flagged():

@@ -55,10 +55,10 @@ def test_malformed_calls_are_rejected(text, reason):
 
 def test_enormous_call_is_rejected_before_parsing():
     huge = render_call("set", k="a" * 1_000_000, v=1)
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU time, so a busy machine does not fail it
     with pytest.raises(CallFormatError, match="longer than"):
         parse_turn(huge)
-    assert time.perf_counter() - start < 1.0
+    assert time.thread_time() - start < 1.0
 
 
 def test_deeply_nested_json_does_not_blow_the_stack():
