@@ -41,7 +41,7 @@ from trainer.episodes import by_rollout, sample_rows  # noqa: E402
 from trainer.distributed import core_share  # noqa: E402
 from trainer.models import load_model, load_tokenizer  # noqa: E402
 from trainer.losses import grpo_loss  # noqa: E402
-from trainer.rollout import sequence_logprobs  # noqa: E402
+from trainer.logprobs import sequence_logprobs  # noqa: E402
 from trainer.sft import length_buckets, reference_pairs, supervised_loss  # noqa: E402
 from trainer.tiny_model import build_tiny_model  # noqa: E402
 

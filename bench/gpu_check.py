@@ -29,7 +29,8 @@ import torch
 
 from trainer.losses import grpo_loss
 from trainer.models import encode_prompt, load_model, load_tokenizer
-from trainer.rollout import Rollout, generate, sequence_logprobs
+from trainer.rollout import Rollout, generate
+from trainer.logprobs import sequence_logprobs
 from trainer.tiny_model import build_tiny_model
 
 CUDA = torch.device("cuda")

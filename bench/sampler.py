@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.gpu_check import SMALL_SHAPE  # noqa: E402
 from trainer.decode import CapturedSampler  # noqa: E402
 from trainer.models import encode_prompt, end_token_ids, load_model, load_tokenizer  # noqa: E402
-from trainer.rollout import generate, sequence_logprobs  # noqa: E402
+from trainer.rollout import generate  # noqa: E402
+from trainer.logprobs import sequence_logprobs  # noqa: E402
 from trainer.tiny_model import build_tiny_model  # noqa: E402
 
 SHAPES = {  # random-weight shapes for CUDA (the tiny tokenizer's vocabulary)

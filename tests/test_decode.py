@@ -7,7 +7,8 @@ import torch
 from trainer.config import TrainerConfig
 from trainer.decode import CapturedSampler, Shape, hashed_uniform, pick_tokens
 from trainer.models import encode_prompt, load_model, load_tokenizer
-from trainer.rollout import StopText, generate, positions, sequence_logprobs
+from trainer.rollout import StopText, generate, positions
+from trainer.logprobs import sequence_logprobs
 from trainer.tiny_model import build_tiny_model
 
 

@@ -350,7 +350,7 @@ def test_a_failing_rank_ends_the_launch_instead_of_hanging_it(tmp_path, failing_
 def test_every_log_prob_of_the_update_is_taken_at_the_sampling_temperature(one_step, monkeypatch):
     # the policy's, the old policy's and the reference's log-probs all score softmax(logits / T)
     import trainer.update
-    from trainer.rollout import sequence_logprobs
+    from trainer.logprobs import sequence_logprobs
 
     recipe, batch = one_step
     seen = []

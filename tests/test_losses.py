@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from trainer.losses import aggregate, grpo_loss, group_advantages, kl_k3, token_logprobs
+from trainer.logprobs import pick
+from trainer.losses import aggregate, grpo_loss, group_advantages, kl_k3
 
 
 def test_group_advantages_group_std():
@@ -106,7 +107,7 @@ def test_aggregate_rejects_unknown_mode():
 def test_token_logprobs_matches_log_softmax():
     logits = torch.tensor([[[2.0, 0.0, 0.0]]])
     # log softmax of [2, 0, 0] at index 0: 2 - log(e^2 + 2) = -0.2395
-    assert_close(token_logprobs(logits, torch.tensor([[0]])), torch.tensor([[2 - math.log(math.e**2 + 2)]]))
+    assert_close(pick(logits, torch.tensor([[0]]))[0], torch.tensor([[2 - math.log(math.e**2 + 2)]]))
 
 
 def test_the_lr_schedule_warms_up_then_holds_or_decays_towards_zero():

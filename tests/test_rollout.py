@@ -6,7 +6,8 @@ import torch
 
 from domains.tools.calls import CLOSE as TOOL_CALL_END
 from trainer.models import encode_prompt, load_model, load_tokenizer
-from trainer.rollout import StopText, generate, left_pad, positions, sequence_logprobs
+from trainer.rollout import StopText, generate, left_pad, positions
+from trainer.logprobs import sequence_logprobs
 from trainer.tiny_model import build_tiny_model
 
 
@@ -104,7 +105,10 @@ class Scripted(torch.nn.Module):
 
 
 @pytest.mark.parametrize("tag_as", ["one special token", "its characters"])
-def test_the_closing_tag_stops_a_row_however_it_is_tokenised(tiny, tag_as):
+def test_the_closing_tag_stops_a_row_however_it_is_tokenised(tiny, tag_as, monkeypatch):
+    import trainer.rollout
+
+    monkeypatch.setattr(trainer.rollout, "COMPACT_SHARE", 2.0)  # the scripted rows cannot follow a row that leaves
     _, tok = tiny
     stop = StopText(tok, TOOL_CALL_END)
     call = tok('{"name":"add"}}', add_special_tokens=False)["input_ids"]
@@ -159,3 +163,34 @@ def test_sampling_stops_at_every_end_token_the_generation_config_names(tiny):
                             eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=0.0)
     assert only_its_own.truncated[0]  # the tokenizer's end token alone would not have stopped it
     assert end_token_ids(model, tok) == (tok.eos_token_id,)  # the tiny model names one: the same as before
+
+
+def test_finished_rows_leave_the_batch_without_changing_the_draws(tiny, monkeypatch):
+    # rows that end early stop being decoded; every draw is still made for the whole batch, so a
+    # seeded call samples exactly what it did with every row kept to the end
+    import trainer.rollout
+
+    model, tok = tiny
+    prompts = _prompts(tok) * 4
+    kwargs = dict(max_new_tokens=30, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=1.0)
+    rows_decoded = []
+    hook = model.register_forward_pre_hook(lambda _, args, kw: rows_decoded.append(kw["input_ids"].shape),
+                                           with_kwargs=True)
+
+    def sample():
+        rows_decoded.clear()
+        rollout = generate(model, prompts, generator=torch.Generator().manual_seed(7), **kwargs)
+        return rollout, [rows for rows, width in rows_decoded if width == 1]  # the decode steps' batches
+
+    try:
+        monkeypatch.setattr(trainer.rollout, "COMPACT_SHARE", 0.0)  # a row leaves as soon as it ends
+        leaving, leaving_rows = sample()
+        monkeypatch.setattr(trainer.rollout, "COMPACT_SHARE", 2.0)  # never: every row to the end
+        staying, staying_rows = sample()
+    finally:
+        hook.remove()
+    lengths = leaving.completion_mask.sum(dim=1)
+    assert lengths.min() < lengths.max()  # some rows did end early ...
+    assert min(leaving_rows) < len(prompts) and set(staying_rows) == {len(prompts)}  # ... and left the batch
+    assert torch.equal(leaving.sequences, staying.sequences)
+    assert torch.equal(leaving.completion_mask, staying.completion_mask)

@@ -72,6 +72,27 @@ def test_played_episode_masks_the_tool_response(setup):
                                    temperature=0.0, sampler=CapturedSampler(sync_every=8))
     assert replayed == transcripts and torch.equal(again.sequences, rollout.sequences)
     assert torch.equal(again.completion_mask, rollout.completion_mask)
+    # the default continues the episode's KV cache across the tool's answer; encoding the whole
+    # transcript again for the second turn plays the very same tokens
+    encoded, anew = run_episodes(model, tok, [task], domains, max_new_tokens=80, max_total_tokens=200,
+                                 temperature=0.0, keep_cache=False)
+    assert anew == transcripts and torch.equal(encoded.sequences, rollout.sequences)
+
+
+def test_a_kept_cache_plays_a_batch_of_episodes_as_encoding_them_again_does(setup):
+    # sampled turns (seeded), episodes that end at different turns, rows that leave between turns:
+    # the continued cache feeds each turn the same logits as encoding every transcript anew
+    model, tok, domains = setup  # trained on one episode by the test above, so it calls the tool
+    tasks = domains["tool_calculator"].sample(1, 6, random.Random(4))
+    rows = [task for task in tasks for _ in range(3)]
+    settings = dict(max_new_tokens=60, max_total_tokens=160, temperature=1.0)
+    kept, kept_texts = run_episodes(model, tok, rows, domains, generator=torch.Generator().manual_seed(2), **settings)
+    anew, anew_texts = run_episodes(model, tok, rows, domains, generator=torch.Generator().manual_seed(2),
+                                    keep_cache=False, **settings)
+    turns = [sum(m["role"] == "assistant" for m in json.loads(text)) for text in kept_texts]
+    assert max(turns) >= 2 and min(turns) < max(turns)  # several turns, and episodes of unequal length
+    assert kept_texts == anew_texts
+    assert torch.equal(kept.sequences, anew.sequences) and torch.equal(kept.completion_mask, anew.completion_mask)
 
 
 def _scripted_sampler(tokenizer, scripts: dict[tuple[int, ...], list[str]]):

@@ -103,7 +103,7 @@ class RolloutCollector:
                 rollout, texts = sample_rows(
                     self.model, self.tokenizer, rows, self.domains, max_new_tokens=t.sampling.max_new_tokens,
                     max_episode_tokens=t.sampling.max_episode_tokens, temperature=t.sampling.temperature, top_p=t.sampling.top_p,
-                    generator=noise, sampler=self.sampler())
+                    generator=noise, sampler=self.sampler(), keep_cache=t.sampling.episode_cache)
             futures = [self.pool.submit(task, text) for task, text in zip(rows, texts)]
             sampled.append((chunk, rollout_on_cpu(rollout), texts, futures))
         self.model.train()

@@ -117,6 +117,8 @@ class SamplingConfig(Strict):
     # auto: captured on CUDA, hf elsewhere; vllm: a colocated vLLM engine (CUDA only) that gets the
     # weights pushed after every update (trainer/vllm_engine.py)
     rollout_backend: Literal["auto", "hf", "captured", "vllm"] = "auto"
+    episode_cache: bool = True  # hf: a tool episode's next turn continues its keys and values (the
+    # transcript is not encoded again); false re-encodes it every turn, as the captured and vLLM samplers do
     sync_every: int = Field(8, gt=0)  # captured: tokens between the host's looks at the finished rows
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
 

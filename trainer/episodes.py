@@ -46,11 +46,15 @@ def tool_message_tokens(tokenizer, content: str) -> list[int]:
 def run_episodes(
     model: torch.nn.Module, tokenizer, tasks: list[Task], domains: dict[str, Domain], *, max_new_tokens: int,
     max_total_tokens: int, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None,
-    sampler: Sampler = generate,
+    sampler: Sampler = generate, keep_cache: bool = True,
 ) -> tuple[Rollout, list[str]]:
     """Play one episode per task (repeat a task G times for a group); returns the rollout and the
     JSON transcripts, row for row. A turn ends at end-of-turn or at the domains' ``stop_text``, which
-    the tasks' domains must share (``by_rollout`` groups them so)."""
+    the tasks' domains must share (``by_rollout`` groups them so).
+
+    With ``keep_cache`` and the trainer's own sampler, each turn continues the episodes' keys and
+    values: only the tool's answer (and the turn's last token) is encoded for the next turn, not
+    the whole transcript. Other samplers re-encode it (vLLM caches prefixes itself)."""
     ends = {domains[t.domain].stop_text for t in tasks}
     if len(ends) > 1:
         raise ValueError(f"one batch of episodes needs one stop text, not {sorted(map(repr, ends))}")
@@ -60,15 +64,20 @@ def run_episodes(
     envs = [domains[t.domain].environment(t) for t in tasks]
     stop = stop_text(tokenizer, end) if end else None
     eos = end_token_ids(model, tokenizer)
+    carry = keep_cache and sampler is generate
+    context, played = None, []  # the rows the context holds: the episodes of the last turn
     while True:
         live = [i for i, e in enumerate(episodes) if not e.done]
         if not live:
             break
+        if context is not None:
+            context = context.select([played.index(i) for i in live])
         # one budget for the batch, sized for its roomiest episode; _advance ends each episode at its own
         budget = max(1, min(max_new_tokens, max(max_total_tokens - len(episodes[i].tokens) for i in live)))
         turn = sampler(model, [episodes[i].prompt + episodes[i].tokens for i in live], max_new_tokens=budget,
-                        eos_id=eos, pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
-                        generator=generator, stop=stop)
+                       eos_id=eos, pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
+                       generator=generator, stop=stop, **(dict(context=context, keep_context=True) if carry else {}))
+        context, played = turn.context, live
         lengths = turn.completion_mask.sum(dim=1).tolist()
         for row, i in enumerate(live):
             _advance(episodes[i], envs[i], turn, row, lengths[row], tokenizer, max_total_tokens, eos)
@@ -122,7 +131,7 @@ def _to_rollout(episodes: list[Episode], pad_id: int) -> Rollout:
 def sample_rows(
     model: torch.nn.Module, tokenizer, rows: list[Task], domains: dict[str, Domain], *, max_new_tokens: int,
     max_episode_tokens: int, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None,
-    sampler: Sampler = generate,
+    sampler: Sampler = generate, keep_cache: bool = True,
 ) -> tuple[Rollout, list[str]]:
     """One completion per row: a single generation, or a whole episode for tool domains.
 
@@ -133,7 +142,7 @@ def sample_rows(
     if domain.multi_turn:
         return run_episodes(model, tokenizer, rows, domains, max_new_tokens=budget,
                             max_total_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
-                            generator=generator, sampler=sampler)
+                            generator=generator, sampler=sampler, keep_cache=keep_cache)
     rollout = sampler(model, [encode_prompt(tokenizer, t.prompt) for t in rows], max_new_tokens=budget,
                        eos_id=end_token_ids(model, tokenizer), pad_id=tokenizer.pad_token_id, temperature=temperature,
                        top_p=top_p, generator=generator)

@@ -113,15 +113,3 @@ def grpo_loss(
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     mask = mask.to(values.dtype)
     return float((values.detach() * mask).sum() / mask.sum().clamp(min=1.0))
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """logits [B, L, V], targets [B, L] -> log-prob of each target token [B, L] (fp32)."""
-    logits = logits.float()
-    return torch.gather(logits.log_softmax(dim=-1), 2, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """logits [B, L, V] -> entropy of each position's distribution [B, L]."""
-    logp = logits.float().log_softmax(dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)

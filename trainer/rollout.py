@@ -23,6 +23,7 @@ class Rollout:
     prompt_width: int  # T
     truncated: torch.Tensor  # [B] bool: no EOS within the token budget
     completion_ids: list[list[int]]  # per sequence, generated tokens without EOS/padding
+    context: "Context | None" = None  # the rows' keys and values, when the sampler was asked to keep them
 
     @property
     def completion_tokens(self) -> torch.Tensor:  # [B, L]
@@ -109,6 +110,27 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+@dataclass
+class Context:
+    """Rows' keys and values kept between two calls of ``generate``: the next turn of a tool
+    episode appends the tool's answer to them instead of encoding the whole transcript again."""
+
+    kv: Cache
+    mask: torch.Tensor  # [R, S] 1 on the columns that hold one of the row's tokens
+    held: list[int]  # [R] how many of the row's transcript tokens the columns hold
+
+    def select(self, rows: list[int]) -> "Context":
+        """The context of ``rows`` alone (the episodes still going), in that order."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        self.kv.reorder_cache(index)
+        return Context(self.kv, self.mask[index], [self.held[r] for r in rows])
+
+
+# Finished rows leave the decoding batch once this share of it has finished: dropping them copies
+# every layer's keys and values, so it is done in a few large steps rather than one per row.
+COMPACT_SHARE = 0.25
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -122,22 +144,57 @@ def generate(
     generator: torch.Generator | None = None,
     stop: StopText | None = None,
     share_prefill: bool = True,
+    context: Context | None = None,
+    keep_context: bool = False,
 ) -> Rollout:
     """Sample until an end token (``eos_id``: one, or all a model's generation config names), the
     ``stop`` text (e.g. a closing tool-call tag) or the budget. Rows with the same prompt (a
-    group's G completions) share one prefill unless ``share_prefill`` is off."""
+    group's G completions) share one prefill unless ``share_prefill`` is off.
+
+    With ``context`` (rows aligned with ``prompts``) only the tokens of each prompt past what the
+    context holds are encoded, and the rollout's prompt part is those new tokens; with
+    ``keep_context`` the rollout carries the context for the next call. Rows that finish leave
+    the batch (unless the context is kept, which needs them) — the random draws stay those of the
+    whole batch, so a seeded call samples the same tokens either way."""
     device = next(model.parameters()).device
     end_ids = torch.tensor(as_ids(eos_id), device=device)
-    ids, prompt_mask = left_pad(prompts, pad_id)
-    ids, prompt_mask = ids.to(device), prompt_mask.to(device)
-    mask = prompt_mask
-    batch = ids.shape[0]
-    kv = DynamicCache()
-    logits, distinct, inverse = prefill(model, ids, mask, kv, share=share_prefill)
-    if len(distinct) < batch:
-        kv.reorder_cache(inverse)  # every row gets its prompt's keys and values
+    if context is None:
+        ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
+        kv: Cache = DynamicCache()
+        logits, distinct, inverse = prefill(model, ids, prompt_mask, kv, share=share_prefill)
+        if len(distinct) < len(prompts):
+            kv.reorder_cache(inverse)  # every row gets its prompt's keys and values
+        mask = prompt_mask
+    else:
+        ids, prompt_mask, logits = extend(model, context, prompts, pad_id)
+        kv, mask = context.kv, torch.cat([context.mask, prompt_mask], dim=1)
+    decoded = _decode(model, kv, mask, logits, end_ids, pad_id, max_new_tokens, temperature, top_p, generator, stop,
+                      compact=not keep_context)
+    rollout = assemble(ids, prompt_mask, decoded.completion, decoded.lengths, decoded.finished, eos_id)
+    if keep_context:
+        rollout.context = _carried(decoded, prompts, prompt_mask, context)
+    return rollout
+
+
+@dataclass
+class _Decoded:
+    completion: torch.Tensor  # [B, L] sampled tokens, pad after each row's end
+    lengths: torch.Tensor  # [B] counted tokens per row
+    finished: torch.Tensor  # [B] bool: ended within the budget
+    kv: Cache
+    mask: torch.Tensor  # [B, S] the cache's columns (without compaction)
+
+
+def _decode(model: torch.nn.Module, kv: Cache, mask: torch.Tensor, logits: torch.Tensor, end_ids: torch.Tensor,
+            pad_id: int, max_new_tokens: int, temperature: float, top_p: float, generator: torch.Generator | None,
+            stop: StopText | None, compact: bool) -> _Decoded:
+    """The sampling loop from the prompts' next-token ``logits`` [B, V]. The cache holds the rows
+    in ``live``; sampling always draws for all B rows (a finished row's draw is thrown away), so
+    the generator's stream does not depend on when rows leave."""
+    batch, device = logits.shape[0], logits.device
     cache = {cache_keyword(model): kv}
-    next_pos = positions(mask)[:, -1] + 1  # [B]
+    live = torch.arange(batch, device=device)  # the full batch's rows that the cache holds
+    next_pos = positions(mask)[:, -1] + 1  # [live]
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
     generated: list[torch.Tensor] = []
@@ -153,13 +210,51 @@ def generate(
         finished |= newly
         if bool(finished.all()) or len(generated) == max_new_tokens:
             break
-        mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
-        out = model(input_ids=token.unsqueeze(1), attention_mask=mask, position_ids=next_pos.unsqueeze(1),
+        if compact and int(finished[live].sum()) >= max(1, COMPACT_SHARE * len(live)):
+            keep = (~finished[live]).nonzero().flatten()
+            kv.reorder_cache(keep)
+            live, mask, next_pos = live[keep], mask[keep], next_pos[keep]
+        mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=device)], dim=1)
+        out = model(input_ids=token[live].unsqueeze(1), attention_mask=mask, position_ids=next_pos.unsqueeze(1),
                     use_cache=True, **cache)
-        logits = out.logits[:, -1, :]
+        if len(live) == batch:
+            logits = out.logits[:, -1, :]
+        else:  # the rows that left keep their last logits: their draws are thrown away
+            logits[live] = out.logits[:, -1, :]
         next_pos = next_pos + 1
     completion = torch.stack(generated, dim=1)  # [B, L]
-    return assemble(ids, prompt_mask, completion, lengths.clamp(max=completion.shape[1]), finished, eos_id)
+    return _Decoded(completion, lengths.clamp(max=completion.shape[1]), finished, kv, mask)
+
+
+def extend(model: torch.nn.Module, context: Context, transcripts: list[list[int]], pad_id: int,
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Encode each transcript's tokens past what ``context`` holds into its cache; returns those
+    new tokens [R, W] and their mask (left-padded), and each row's next-token logits [R, V]."""
+    new = [tokens[held:] for tokens, held in zip(transcripts, context.held)]
+    if not all(new):
+        raise ValueError("a transcript continued from a context must add at least one token")
+    device = context.mask.device
+    ids, new_mask = (t.to(device) for t in left_pad(new, pad_id))
+    mask = torch.cat([context.mask, new_mask], dim=1)
+    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)[:, -ids.shape[1]:], use_cache=True,
+                **{cache_keyword(model): context.kv}, **keep)
+    return ids, new_mask, out.logits[:, -1, :]
+
+
+def _carried(decoded: _Decoded, transcripts: list[list[int]], new_mask: torch.Tensor,
+             before: Context | None) -> Context:
+    """The context after a call: the sampled tokens that were fed to the model (all but the last
+    sampled column) count up to each row's length; a finished row's later columns are masked out."""
+    fed = decoded.completion.shape[1] - 1  # the last sampled token never went through the model
+    base = decoded.mask.shape[1] - fed
+    columns = torch.arange(fed, device=decoded.mask.device)
+    mask = decoded.mask.clone()
+    mask[:, base:] = (columns.unsqueeze(0) < decoded.lengths.unsqueeze(1)).to(mask.dtype)
+    held = [len(tokens) for tokens in transcripts] if before is None else \
+        [h + int(n) for h, n in zip(before.held, new_mask.sum(dim=1).tolist())]
+    held = [h + min(int(n), fed) for h, n in zip(held, decoded.lengths.tolist())]
+    return Context(decoded.kv, mask, held)
 
 
 def distinct_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,14 +277,22 @@ def prefill(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, kv: C
     row's next-token logits [B, V], the rows ``kv`` holds [U] and each row's index among them [B]."""
     distinct, inverse = distinct_rows(ids) if share else (torch.arange(len(ids), device=ids.device),) * 2
     rows = mask[distinct]
+    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}  # the head at the last position only
     out = model(input_ids=ids[distinct], attention_mask=rows, position_ids=positions(rows), use_cache=True,
-                **{cache_keyword(model): kv})
+                **{cache_keyword(model): kv}, **keep)
     return out.logits[:, -1, :][inverse], distinct, inverse
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
     """transformers 5 renamed ``past_key_values`` to ``cache``; accept either generation."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the model's forward computes logits for the last positions only when asked (most
+    transformers models since 4.45 do; a peft wrapper passes the keyword through)."""
+    forward = getattr(model, "get_base_model", lambda: model)().forward
+    return "logits_to_keep" in inspect.signature(forward).parameters
 
 
 def as_ids(eos_id: int | Sequence[int]) -> tuple[int, ...]:
@@ -214,20 +317,3 @@ def assemble(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion: to
         completion_mask=completion_mask, prompt_width=prompt_ids.shape[1], truncated=~ended,
         completion_ids=token_lists,
     )
-
-
-def sequence_logprobs(
-    model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int,
-    with_entropy: bool = False, temperature: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [B, L] of the completion tokens (and their entropies [B, L] if asked) under the
-    model's distribution at ``temperature``: the one ``generate`` samples from at that temperature."""
-    from trainer.losses import token_entropy, token_logprobs
-
-    logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=positions(attention_mask)).logits
-    # position t predicts token t+1: completion token j is predicted at prompt_width - 1 + j
-    logits = logits[:, prompt_width - 1:-1, :]
-    if temperature != 1.0:
-        logits = logits.float() / temperature
-    logp = token_logprobs(logits, sequences[:, prompt_width:])
-    return logp, (token_entropy(logits) if with_entropy else None)

@@ -23,7 +23,8 @@ from trainer.distributed import World
 from trainer.losses import grpo_loss
 from trainer.reference import Reference
 from trainer.sharding import is_sharded, join_passes, total_norm
-from trainer.rollout import Rollout, sequence_logprobs
+from trainer.rollout import Rollout
+from trainer.logprobs import sequence_logprobs
 from trainer.sft import reference_pairs, supervised_loss
 
 # A row whose |advantage| is below this adds nothing to the policy loss (see rows_to_train).

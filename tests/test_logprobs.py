@@ -1,0 +1,105 @@
+"""Completion log-probs with the head run over completion positions only, in checkpointed chunks:
+the same values and gradients as a whole-vocabulary forward over every position."""
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from trainer.adapters import attach_lora
+from trainer.config import LoraConfig
+from trainer.logprobs import _decoder_and_head, pick, sequence_logprobs
+from trainer.models import encode_prompt, load_model, load_tokenizer
+from trainer.rollout import generate, positions
+from trainer.tiny_model import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def rollout_and_model(tmp_path_factory):
+    path = str(build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", hidden_size=32, layers=2, heads=2,
+                                kv_heads=1, intermediate_size=64, seed=3))
+    model, tok = load_model(path, torch.device("cpu")), load_tokenizer(path, tiny=True)
+    prompts = [encode_prompt(tok, [{"role": "user", "content": text}]) for text in ("1+1=", "12*34=", "x", "ab")]
+    rollout = generate(model, prompts, max_new_tokens=12, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                       temperature=1.0, generator=torch.Generator().manual_seed(0))
+    return model, rollout
+
+
+def _whole_logits(model, rollout, temperature):
+    """Today's path, written out: logits at every position, the completion's sliced out."""
+    logits = model(input_ids=rollout.sequences, attention_mask=rollout.attention_mask,
+                   position_ids=positions(rollout.attention_mask)).logits[:, rollout.prompt_width - 1:-1]
+    logp = (logits.float() / temperature).log_softmax(-1)
+    chosen = logp.gather(2, rollout.completion_tokens.unsqueeze(-1)).squeeze(-1)
+    return chosen, -(logp.exp() * logp).sum(-1)
+
+
+def _gradient(model, fn) -> torch.Tensor:
+    model.zero_grad(set_to_none=True)
+    logp, entropy = fn()
+    (logp.sum() + 0.3 * entropy.sum()).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("chunk", [0, 5, 1024])  # the model's own forward; chunks that split rows; one chunk
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_head_matches_whole_logits(rollout_and_model, chunk, temperature):
+    model, rollout = rollout_and_model
+    expected_logp, expected_entropy = _whole_logits(model, rollout, temperature)
+    logp, entropy = sequence_logprobs(model, rollout.sequences, rollout.attention_mask, rollout.prompt_width,
+                                      with_entropy=True, temperature=temperature, chunk_tokens=chunk)
+    assert logp.shape == rollout.completion_tokens.shape
+    assert_close(logp, expected_logp, atol=1e-5, rtol=1e-5)
+    assert_close(entropy, expected_entropy, atol=1e-5, rtol=1e-5)
+    # and the gradients, through the recomputed chunks, are those of the whole forward
+    whole = _gradient(model, lambda: _whole_logits(model, rollout, temperature))
+    chunked = _gradient(model, lambda: sequence_logprobs(model, rollout.sequences, rollout.attention_mask,
+                                                         rollout.prompt_width, with_entropy=True,
+                                                         temperature=temperature, chunk_tokens=chunk))
+    assert_close(chunked, whole, atol=1e-5, rtol=1e-4)
+    assert chunked.abs().max() > 1e-3  # a real gradient was compared
+
+
+def test_chunks_keep_no_whole_vocabulary_tensor_for_the_backward(rollout_and_model):
+    # the tensors autograd keeps for the backward: with chunks none holds logits (each chunk's are
+    # recomputed in the backward); the whole-logits path keeps [B, L, V] ones
+    model, rollout = rollout_and_model
+    vocab = model.get_output_embeddings().weight.shape[0]
+    rows = rollout.completion_tokens.numel()
+
+    def vocabulary_rows_saved(chunk):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+            sequence_logprobs(model, rollout.sequences, rollout.attention_mask, rollout.prompt_width,
+                              with_entropy=True, chunk_tokens=chunk)
+        return max((math.prod(shape[:-1]) for shape in saved if shape and shape[-1] == vocab), default=0)
+
+    assert vocabulary_rows_saved(0) >= rows
+    assert vocabulary_rows_saved(8) == 0
+
+
+def test_a_lora_model_runs_its_decoder_and_head_apart_with_adapters_in_place(rollout_and_model):
+    model, rollout = rollout_and_model
+    lora = attach_lora(model, LoraConfig(enabled=True, rank=2, alpha=4.0))
+    try:
+        decoder, head = _decoder_and_head(lora)
+        assert any("lora" in name for name, _ in decoder.named_modules())
+        with torch.no_grad():
+            for name, p in lora.named_parameters():
+                if "lora_B" in name:
+                    p.normal_()  # adapters that change the output
+        expected, _ = _whole_logits(lora, rollout, 1.0)
+        logp, _ = sequence_logprobs(lora, rollout.sequences, rollout.attention_mask, rollout.prompt_width)
+        assert_close(logp, expected, atol=1e-5, rtol=1e-5)
+    finally:
+        lora.unload()
+
+
+def test_pick_takes_the_tempered_log_softmax():
+    logits = torch.tensor([[[2.0, 0.0, 0.0]]])
+    # log softmax of [2, 0, 0] at index 0: 2 - log(e^2 + 2) = -0.2395; at T = 2 the logits halve
+    logp, entropy = pick(logits, torch.tensor([[0]]), with_entropy=True)
+    assert_close(logp, torch.tensor([[2 - math.log(math.e**2 + 2)]]))
+    p = torch.tensor([math.e**2, 1.0, 1.0]) / (math.e**2 + 2)
+    assert_close(entropy, -(p * p.log()).sum().view(1, 1))
+    assert_close(pick(logits, torch.tensor([[0]]), temperature=2.0)[0], torch.tensor([[1 - math.log(math.e + 2)]]))
