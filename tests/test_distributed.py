@@ -8,6 +8,7 @@ generation batches here are one task each (rollout_batch_size = group_size) and 
 seeds depend on where the batch sits in the step, never on the rank, so both runs sample the very
 same completions — the store rows must be equal and the weights equal up to float rounding.
 """
+import copy
 import os
 import subprocess
 import sys
@@ -345,6 +346,36 @@ def test_a_failing_rank_ends_the_launch_instead_of_hanging_it(tmp_path, failing_
     assert done.returncode != 0 and f"injected failure on rank {failing_rank}" in log, log[-3000:]
     # the other rank saw its peer go (or torchrun stopped it); it did not sit out the 150 s timeout
     assert time.perf_counter() - started < 140, log[-3000:]
+
+
+@pytest.mark.parametrize("mu", [1, 2])  # two passes: the old policy's log-probs are taken packed too
+def test_the_shared_prefix_update_equals_the_plain_one(one_step, mu):
+    # each group's prompt encoded once (trainer/shared_prefix.py), groups split across micro-batches
+    # of 3 rows, a KL reference: the same gradient and statistics as a row per completion
+    recipe, batch = one_step
+    t = recipe.cfg.trainer
+    advantages = group_advantages(batch.rewards, "batch").flatten()
+    weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
+    moments, schedule = copy.deepcopy(recipe.optimizer.state_dict()), recipe.lr_schedule.state_dict()
+
+    def update():  # from the same weights, moments and learning rate each time
+        recipe.optimizer.load_state_dict(copy.deepcopy(moments))
+        recipe.lr_schedule.load_state_dict(schedule)
+        return _update_as(recipe, RecordingWorld(0, 1), batch, advantages, weights)
+
+    try:
+        t.optim.mu = mu
+        plain, plain_stats = update()
+        t.optim.shared_prefix = True
+        shared, shared_stats = update()
+    finally:
+        t.optim.shared_prefix, t.optim.mu = False, 1
+        _as_rank(recipe, World())
+        recipe.model.load_state_dict(weights)
+    assert max(float(g.abs().max()) for g in plain.values()) > 1e-4  # a real gradient is compared
+    torch.testing.assert_close(shared, plain, rtol=1e-4, atol=1e-6)
+    for key in ("loss", "policy_loss", "kl", "entropy", "clip_low_frac", "clip_high_frac"):
+        assert shared_stats[key] == pytest.approx(plain_stats[key], rel=1e-4, abs=1e-6), key
 
 
 def test_every_log_prob_of_the_update_is_taken_at_the_sampling_temperature(one_step, monkeypatch):

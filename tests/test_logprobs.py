@@ -11,6 +11,7 @@ from trainer.config import LoraConfig
 from trainer.logprobs import _decoder_and_head, pick, sequence_logprobs
 from trainer.models import encode_prompt, load_model, load_tokenizer
 from trainer.rollout import generate, positions
+from trainer.shared_prefix import grouped_logprobs, pack_by_prompt
 from trainer.tiny_model import build_tiny_model
 
 
@@ -103,3 +104,31 @@ def test_pick_takes_the_tempered_log_softmax():
     p = torch.tensor([math.e**2, 1.0, 1.0]) / (math.e**2 + 2)
     assert_close(entropy, -(p * p.log()).sum().view(1, 1))
     assert_close(pick(logits, torch.tensor([[0]]), temperature=2.0)[0], torch.tensor([[1 - math.log(math.e + 2)]]))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])  # a boolean mask, an additive one
+def test_packed_prompts_give_each_completion_its_plain_log_probs_and_gradient(tmp_path, attention):
+    path = str(build_tiny_model(tmp_path / "tiny", hidden_size=32, layers=2, heads=2, kv_heads=1,
+                                intermediate_size=64, seed=4))
+    model, tok = load_model(path, torch.device("cpu")), load_tokenizer(path, tiny=True)
+    model.config._attn_implementation = attention
+    prompts = [encode_prompt(tok, [{"role": "user", "content": text}]) for text in ("1+1=", "12*34=", "x")]
+    rollout = generate(model, [p for p in prompts for _ in range(3)], max_new_tokens=10, eos_id=tok.eos_token_id,
+                       pad_id=tok.pad_token_id, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    counted = rollout.completion_mask.clone()
+    counted[1, 2:5] = 0  # a tool's answer inside a completion: context, not counted
+    counted[4] = 0  # a row that counts nothing (a truncated one, masked)
+    args = (rollout.sequences, rollout.attention_mask, rollout.prompt_width)
+    packed = pack_by_prompt(*args, counted)
+    assert packed.ids.shape[0] == 3  # one packed row per prompt
+    assert packed.ids.shape[1] < rollout.sequences.shape[1] * 3  # the prompt is in it once
+    plain_logp, plain_entropy = sequence_logprobs(model, *args, with_entropy=True, temperature=0.7)
+    logp, entropy = grouped_logprobs(model, *args, counted, with_entropy=True, temperature=0.7)
+    where = counted.bool()
+    assert_close(logp[where], plain_logp[where], atol=1e-5, rtol=1e-5)
+    assert_close(entropy[where], plain_entropy[where], atol=1e-5, rtol=1e-5)
+    loss = lambda lp, ent: ((lp + 0.3 * ent) * counted).sum()  # noqa: E731
+    plain = _gradient(model, lambda: (loss(*sequence_logprobs(model, *args, with_entropy=True)), torch.zeros(())))
+    shared = _gradient(model, lambda: (loss(*grouped_logprobs(model, *args, counted, with_entropy=True)),
+                                       torch.zeros(())))
+    assert_close(shared, plain, atol=1e-5, rtol=1e-4)

@@ -163,6 +163,9 @@ class OptimConfig(Strict):
     mu: int = Field(2, ge=1)  # optimisation passes over each step's rollouts
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(32, gt=0)  # sequences per forward/backward (grad accumulation)
+    # encode each group's prompt once per micro-batch, its completions packed after it
+    # (trainer/shared_prefix.py): the same loss and gradients up to float rounding
+    shared_prefix: bool = False
 
 
 class SystemConfig(Strict):

@@ -39,17 +39,24 @@ def sequence_logprobs(
                      position_ids=positions(attention_mask)).last_hidden_state  # [B, W + L, H]
     # position t predicts token t+1: completion token j is predicted at prompt_width - 1 + j
     hidden = hidden[:, prompt_width - 1:-1]  # [B, L, H]
-    flat, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)  # [B*L, H], [B*L]
-    recompute = torch.is_grad_enabled() and flat.requires_grad
+    logp, entropy = chunked_head(head, hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1), temperature,
+                                 with_entropy, chunk_tokens)
+    return logp.view_as(targets), (entropy.view_as(targets) if entropy is not None else None)
+
+
+def chunked_head(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                 with_entropy: bool, chunk_tokens: int = CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """hidden [N, H], targets [N] -> the targets' log-probs [N] (and entropies [N]), the head run
+    ``chunk_tokens`` rows at a time; under autograd each chunk's logits are recomputed in the backward."""
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
     logps, entropies = [], []
-    for start in range(0, flat.shape[0], chunk_tokens):
-        piece = (head, flat[start:start + chunk_tokens], flat_targets[start:start + chunk_tokens], temperature,
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        piece = (head, hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens], temperature,
                  with_entropy)
         logp, entropy = checkpoint(_head_chunk, *piece, use_reentrant=False) if recompute else _head_chunk(*piece)
         logps.append(logp)
         entropies.append(entropy)
-    logp = torch.cat(logps).view_as(targets)
-    return logp, (torch.cat(entropies).view_as(targets) if with_entropy else None)
+    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
 
 
 def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,

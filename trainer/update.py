@@ -25,6 +25,7 @@ from trainer.reference import Reference
 from trainer.sharding import is_sharded, join_passes, total_norm
 from trainer.rollout import Rollout
 from trainer.logprobs import sequence_logprobs
+from trainer.shared_prefix import grouped_logprobs
 from trainer.sft import reference_pairs, supervised_loss
 
 # A row whose |advantage| is below this adds nothing to the policy loss (see rows_to_train).
@@ -136,8 +137,8 @@ class PolicyUpdate:
         left, right = padding_bounds(rows.attn[mb], rows.mask[mb], rows.prompt_width)
         columns = slice(left, rows.prompt_width + right)
         with self.autocast():
-            logp, entropy = sequence_logprobs(self.model, rows.seqs[mb, columns], rows.attn[mb, columns],
-                                              rows.prompt_width - left, with_entropy=True, temperature=t.sampling.temperature)
+            logp, entropy = self.logprobs(self.model, rows.seqs[mb, columns], rows.attn[mb, columns],
+                                          rows.prompt_width - left, rows.mask[mb, :right], with_entropy=True)
         out = grpo_loss(
             logp, old_logp[mb, :right] if old_logp is not None else logp.detach(), rows.adv[mb], rows.mask[mb, :right],
             eps_low=t.loss.eps_low, eps_high=t.loss.eps_high, aggregation=t.loss.aggregation, max_tokens=t.sampling.max_new_tokens,
@@ -175,10 +176,19 @@ class PolicyUpdate:
         with self.autocast():
             for mb in chunks:
                 left = padding_bounds(rows.attn[mb], None, rows.prompt_width)[0]
-                out[mb] = sequence_logprobs(model, rows.seqs[mb, left:].to(runs_on), rows.attn[mb, left:].to(runs_on),
-                                            rows.prompt_width - left, temperature=self.settings.sampling.temperature)[0]
+                out[mb] = self.logprobs(model, rows.seqs[mb, left:].to(runs_on), rows.attn[mb, left:].to(runs_on),
+                                        rows.prompt_width - left, rows.mask[mb].to(runs_on))[0].to(out.device)
         self._join_others(model, len(chunks), backward=False)
         return out
+
+    def logprobs(self, model: torch.nn.Module, seqs: torch.Tensor, attn: torch.Tensor, prompt_width: int,
+                 counted: torch.Tensor, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs [b, L] (and entropies) of a micro-batch's completion tokens at the sampling
+        temperature; with ``shared_prefix`` each group's prompt is encoded once."""
+        temperature = self.settings.sampling.temperature
+        if self.settings.optim.shared_prefix:
+            return grouped_logprobs(model, seqs, attn, prompt_width, counted, with_entropy, temperature)
+        return sequence_logprobs(model, seqs, attn, prompt_width, with_entropy, temperature)
 
     def _join_others(self, model: torch.nn.Module, passes: int, backward: bool) -> None:
         """A sharded model's forwards (and backwards) are collectives: after its own ``passes``,
