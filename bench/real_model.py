@@ -1,86 +1,198 @@
-"""Speed and memory of the real model (model=smollm2, SmolLM2-135M-Instruct) on this machine.
+"""The real-model job side by side: the SmolLM2 preset's own steps, today's path against this one.
 
-One GRPO step's two phases, as the trainer runs them, on chat-style arithmetic prompts:
+Each row is a process of its own running ``palestra-train +experiment=smollm2`` for ``--steps``
+GRPO steps — all eight domains, tool episodes, dynamic sampling with its refills, held-out
+evaluation before and after (``--eval-tasks`` per level) — and the bench reads its steps'
+metrics and its peak resident memory:
 
-- sampling: ``--prompts`` prompts x ``--group`` completions of at most ``--tokens`` tokens
-  (temperature 0.7, the trainer's KV-cached sampler): generated tokens per second;
-- update: one ``PolicyUpdate`` pass over those rows (micro-batches of ``--micro``), without and with
-  a KL reference model (beta > 0 keeps a second copy of the weights);
+- ``base``: the code of commit ``--base`` (a git worktree of it; default: the commit before the
+  speed work), run with this checkout's virtual environment;
+- ``new``: this checkout, the preset as it ships;
+- ``new, bf16``: the same with ``model.dtype=bfloat16`` — only where the CPU has AVX512-BF16 or AMX;
+- ``single-turn``: this checkout on the batch TRL can take (the five single-turn domains, no
+  refills, no evaluation to speak of), beside ``trl``: TRL's ``GRPOTrainer`` on the same model,
+  batch, token budget, learning rate and threads (``[bench]`` extra).
 
-and the peak resident memory after each. Absolute figures: they depend on the machine and its
-load, so run it on an idle one and compare rows of one run with each other.
+Per row: generated tokens per second; median seconds per step split into generation, waiting for
+the verifiers, the update and the store; seconds of the two evaluations; wall time; peak RSS.
+Then the ratios base / new. Both rows of a pair run on the same machine minutes apart: compare
+them with each other, not with another day's.
 
-    .venv/bin/python bench/real_model.py [--prompts 8 --group 4 --tokens 128 --micro 8]
+    .venv/bin/python bench/real_model.py [--steps 2 --eval-tasks 1 --base 0ae633c] [--skip base,trl]
 """
 from __future__ import annotations
 
 import argparse
-import random
-import resource
+import json
+import os
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainer.runtime import cpu_bf16  # noqa: E402
+
+SINGLE_TURN = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists"]
+PHASES = ("time/generate", "time/verify_wait", "time/train", "time/record")
+
+
+def run_palestra(name: str, code: Path, overrides: list[str], workdir: Path) -> dict:
+    """One training process at ``code``; its step metrics, evaluation times, wall time and peak RSS."""
+    out = workdir / name.replace(" ", "_").replace(",", "")
+    command = [sys.executable, "-c", "from trainer.app import main; main()", "+experiment=smollm2",
+               f"hydra.run.dir={out}", f"store.url=sqlite:///{out}/palestra.db", "checkpoint.every=0", *overrides]
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    start = time.perf_counter()
+    process = subprocess.Popen(command, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit(f"{name} failed:\n{log[-3000:]}")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["phase"] == "train"]
+    evals = [r.get("time/eval", float("nan")) for r in records if r["phase"] == "eval"]
+    last = json.loads(log.strip().splitlines()[-1])
+    return {"name": name, "steps": steps, "evals": evals, "wall": wall, "rss_gb": usage.ru_maxrss / 2**20,
+            "macro": (last.get("macro_before"), last.get("macro_after"))}
+
+
+def run_trl(steps: int, workdir: Path) -> dict:
+    """TRL's GRPOTrainer on the single-turn batch, in a process of its own (the code below, as a script)."""
+    script = workdir / "trl_run.py"
+    script.write_text(TRL_SCRIPT)
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, str(script), str(steps), str(workdir / "trl")], cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    log = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    if status != 0:
+        raise SystemExit(f"trl failed:\n{log[-3000:]}")
+    times = json.loads(log.strip().splitlines()[-1])
+    return {"name": "trl", "trl_steps": times, "wall": time.perf_counter() - start,
+            "rss_gb": usage.ru_maxrss / 2**20}
+
+
+# TRL on what Palestra's single-turn row trains: 8 prompts x 4 completions of at most 128 tokens at
+# T = 0.7, lr 2e-5, beta 0, one pass, chat prompts of the five single-turn domains scored by their
+# own verifiers (the code domains' in the sandbox), both CPU threads.
+TRL_SCRIPT = r'''
+import json, random, sys, time, warnings, logging
+warnings.filterwarnings("ignore"); logging.disable(logging.WARNING)
 import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+from domains.registry import load_all
+from trainer.models import load_tokenizer
+from trainer.pretrained import converted_smollm2
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+steps, out = int(sys.argv[1]), sys.argv[2]
+names = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists"]
+domains = load_all(names, {}, shared={"prompt_style": "chat"})
+rng = random.Random(0)
+tasks = [t for name in names for t in domains[name].sample(1, 64, rng)]
+rng.shuffle(tasks)
+by_id = {t.id: t for t in tasks}
+data = Dataset.from_list([{"prompt": t.prompt, "task_id": t.id} for t in tasks])
 
-from domains.registry import load  # noqa: E402
-from trainer.config import ModelConfig, TrainerConfig  # noqa: E402
-from trainer.losses import group_advantages  # noqa: E402
-from trainer.models import encode_prompt, end_token_ids, load_policy  # noqa: E402
-from trainer.pretrained import converted_smollm2  # noqa: E402
-from trainer.distributed import World  # noqa: E402
-from trainer.reference import make_reference  # noqa: E402
-from trainer.rollout import generate  # noqa: E402
-from trainer.update import PolicyUpdate  # noqa: E402
+def reward(completions, task_id, **_):
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [domains[by_id[i].domain].verify(by_id[i], text).reward for text, i in zip(texts, task_id)]
+
+class Timer(TrainerCallback):
+    times = []
+    def on_step_begin(self, args, state, control, **kw):
+        self.start = time.perf_counter()
+    def on_step_end(self, args, state, control, **kw):
+        self.times.append(time.perf_counter() - self.start)
+
+folder = str(converted_smollm2(None))
+torch.set_num_threads(2)
+args = GRPOConfig(output_dir=out, per_device_train_batch_size=32, num_generations=4, max_completion_length=128,
+                  temperature=0.7, beta=0.0, num_iterations=1, learning_rate=2e-5, use_cpu=True, report_to="none",
+                  logging_steps=10_000, save_strategy="no", bf16=False, max_steps=steps, dataloader_num_workers=0,
+                  disable_tqdm=True)
+timer = Timer()
+trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(folder), reward_funcs=reward, args=args,
+                      train_dataset=data, processing_class=load_tokenizer(folder, tiny=False), callbacks=[timer])
+trainer.train()
+print(json.dumps(timer.times))
+'''
 
 
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kilobytes on Linux
+def base_worktree(rev: str, workdir: Path) -> Path:
+    path = workdir / "base"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev], check=True,
+                   capture_output=True)
+    return path
+
+
+def summary(row: dict) -> dict:
+    if "trl_steps" in row:
+        return {"s_per_step": statistics.median(row["trl_steps"]), "wall": row["wall"], "rss_gb": row["rss_gb"]}
+    steps = row["steps"]
+    generated = sum(s["tokens_per_s"] * s["time/generate"] for s in steps)
+    phases = {key: statistics.median(s[key] for s in steps) for key in PHASES}
+    return {"tokens_per_s": generated / sum(s["time/generate"] for s in steps),
+            "s_per_step": statistics.median(sum(s[k] for k in PHASES) for s in steps), **phases,
+            "eval_s": sum(row["evals"]), "wall": row["wall"], "rss_gb": row["rss_gb"]}
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'':<14}{'tok/s':>7}{'s/step':>8}{'generate':>9}{'verify':>8}{'update':>8}{'record':>8}"
+          f"{'eval s':>8}{'wall s':>8}{'RSS GB':>8}")
+    for row in rows:
+        s = summary(row)
+        cells = [s.get("tokens_per_s"), s["s_per_step"], *(s.get(k) for k in PHASES), s.get("eval_s"), s["wall"],
+                 s["rss_gb"]]
+        print(f"{row['name']:<14}" + "".join(f"{c:>8.1f} " if c is not None else f"{'-':>8} " for c in cells))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--micro", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--eval-tasks", type=int, default=1)
+    parser.add_argument("--base", default="0ae633c")
+    parser.add_argument("--skip", default="", help="rows to leave out: base, bf16, trl")
     args = parser.parse_args()
-    start = time.perf_counter()
-    folder = str(converted_smollm2(None))
-    tokenizer, model = load_policy(folder, ModelConfig(type="smollm2"), torch.device("cpu"))
-    print(f"load (converted folder): {time.perf_counter() - start:.1f} s, peak RSS {peak_rss_gb():.2f} GB")
-
-    domain = load("arithmetic").configure({"prompt_style": "chat"})
-    tasks = domain.sample(2, args.prompts, random.Random(0))
-    prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks for _ in range(args.group)]
-    model.eval()
-    start = time.perf_counter()
-    rollout = generate(model, prompts, max_new_tokens=args.tokens, eos_id=end_token_ids(model, tokenizer),
-                       pad_id=tokenizer.pad_token_id, temperature=0.7, generator=torch.Generator().manual_seed(0))
-    seconds = time.perf_counter() - start
-    tokens = int(rollout.completion_mask.sum())
-    print(f"sampling: {len(prompts)} rows, {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.0f} tokens/s, "
-          f"peak RSS {peak_rss_gb():.2f} GB")
-
-    texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=False)
-    rewards = torch.tensor([domain.verify(t, x).reward for t, x in zip([t for t in tasks for _ in range(args.group)],
-                                                                         texts)]).view(args.prompts, args.group)
-    advantages = group_advantages(rewards + torch.rand_like(rewards) * 0.1, "group").flatten()  # a gradient to take
-    for beta in (0.0, 0.1):
-        settings = TrainerConfig.model_validate({"optim": {"mu": 1, "micro_batch_size": args.micro, "lr": 1e-6},
-                                                 "loss": {"beta": beta, "sft_coef": 0.0,
-                                                          "skip_zero_advantage": False},
-                                                 "sampling": {"max_new_tokens": args.tokens}})
-        ref = make_reference(model, folder, "device", torch.device("cpu"), World()) if beta else None
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-        model.train()
-        start = time.perf_counter()
-        PolicyUpdate(model, optimizer, schedule, settings, reference=ref)(rollout, advantages)
-        print(f"update, beta {beta}: {time.perf_counter() - start:.1f} s for {len(prompts)} rows, "
-              f"peak RSS {peak_rss_gb():.2f} GB")
+    skip = set(filter(None, args.skip.split(",")))
+    common = [f"trainer.steps={args.steps}", f"eval.tasks_per_level={args.eval_tasks}"]
+    print(f"CPU: {cpu_bf16() or 'no bf16 instructions'}; {os.cpu_count()} cores")
+    workdir = Path(tempfile.mkdtemp(prefix="real-bench-"))
+    rows = []
+    try:
+        if "base" not in skip:
+            rows.append(run_palestra("base", base_worktree(args.base, workdir), common, workdir))
+        rows.append(run_palestra("new", ROOT, common, workdir))
+        if "bf16" not in skip and cpu_bf16():
+            rows.append(run_palestra("new, bf16", ROOT, common + ["model.dtype=bfloat16"], workdir))
+        if "trl" not in skip:
+            single = [f"domains=[{','.join(SINGLE_TURN)}]", "trainer.sampling.dynamic_sampling=false"]
+            rows.append(run_palestra("single-turn", ROOT, common + single, workdir))
+            rows.append(run_trl(args.steps, workdir))
+    finally:
+        if (workdir / "base").exists():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(workdir / "base")])
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_table(rows)
+    by_name = {row["name"]: summary(row) for row in rows}
+    if "base" in by_name:
+        base, new = by_name["base"], by_name["new"]
+        print(f"new against base: {new['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s, "
+              f"{base['time/train'] / new['time/train']:.2f}x update speed, {base['s_per_step'] / new['s_per_step']:.2f}x "
+              f"step speed, {base['wall'] / new['wall']:.2f}x wall, peak RSS {new['rss_gb']:.1f} against "
+              f"{base['rss_gb']:.1f} GB")
+    if "trl" in by_name:
+        print(f"single-turn step: palestra / trl = {by_name['single-turn']['s_per_step'] / by_name['trl']['s_per_step']:.2f} "
+              "(below 1: Palestra faster)")
 
 
 if __name__ == "__main__":

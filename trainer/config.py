@@ -84,7 +84,9 @@ class ModelConfig(Strict):
             return saved_prompt_style(Path(self.name_or_path).expanduser()) or "chat"
         return "chat"
     tiny: TinyModelConfig = TinyModelConfig()
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: fp32 weights, bf16 autocast on CUDA
+    # fp32 weights always; auto: bf16 autocast on CUDA, fp32 on the CPU; bfloat16: bf16 autocast on either
+    # (on a CPU with AMX or AVX512-BF16 — the run's first lines say what it has)
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     lora: LoraConfig = LoraConfig()
     # recompute each layer's activations in the backward pass (the update and the SFT warm start):

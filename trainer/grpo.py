@@ -44,8 +44,8 @@ from trainer.sharding import all_finite, gathered, is_sharded, shard
 from trainer.models import (check_model_source, check_resumable, checkpoint_activations, load_policy, model_path,
                             pick_device)
 from trainer.rollout import Sampler, generate
-from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, resume_hint, seed_everything,
-                             within_share)
+from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, precision, resume_hint,
+                             seed_everything, within_share)
 from trainer.schedule import apply_settings, lr_factor
 from trainer.sft import warm_start, warm_start_counts
 from trainer.update import PolicyUpdate, SFTBlend, blend_for_rank
@@ -109,6 +109,7 @@ class GRPORecipe:
         self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.system.table_every)
                        if self.world.is_main else distributed.QuietLogger())
         self.update.alarm = self.logger.write
+        self.logger.write(precision(self.device, cfg.model.dtype))
         if latest is not None:  # a requeued cluster job's log says it went on rather than started over
             changed = (f" with settings changed since it started: {'; '.join(self.resumed_changes)}"
                        if self.resumed_changes else "")
@@ -297,11 +298,12 @@ class GRPORecipe:
     # -- evaluation, alarms and threads -------------------------------------------------------------
     def _evaluate(self, step: int, title: str, keep: str | None = None) -> None:
         """Held-out success, logged, printed and stored; ``keep`` files it under "before" or "after" GRPO."""
+        start = time.perf_counter()
         with gathered(self.model):  # sharded: every rank gathers the weights, rank 0 evaluates on them
             if not self.world.is_main:  # rank 0 evaluates; the others wait for it at the next step
                 return
             metrics = self.heldout.run(self.model, self.tokenizer, self.pool, self._sampler(), keep=keep)
-        self.logger.log(step, metrics, phase="eval")
+        self.logger.log(step, {**metrics, "time/eval": time.perf_counter() - start}, phase="eval")
         self.logger.write(format_eval(metrics, title))
         try:
             self.curriculum.inner.record_evaluation(step, metrics)

@@ -43,10 +43,38 @@ def phase_threads(device: torch.device, threads: int | None, back_to: int | None
 
 
 def autocast(device: torch.device, dtype: str) -> ContextManager:
-    """bf16 autocast on CUDA (unless the model's dtype says float32); full precision on the CPU."""
+    """bf16 autocast on CUDA (unless the model's dtype says float32) and on the CPU when asked for
+    (``bfloat16``); full precision otherwise. The weights stay fp32 either way (the optimizer's copy)."""
     if device.type == "cuda" and dtype in ("auto", "bfloat16"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if device.type == "cpu" and dtype == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def cpu_bf16() -> str | None:
+    """The CPU's bf16 matrix instructions, AMX or AVX512-BF16 (named as /proc/cpuinfo names them),
+    or None: without them bf16 arithmetic is emulated and slower than fp32."""
+    try:
+        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return None
+    found = [name for name in ("amx_bf16", "avx512_bf16") if name in flags]
+    return "+".join(found) or None
+
+
+def precision(device: torch.device, dtype: str) -> str:
+    """One line for the run's start: the arithmetic it trains in, and why."""
+    if device.type == "cuda":
+        return "precision: bf16 autocast on CUDA" if dtype != "float32" else "precision: fp32 (model.dtype=float32)"
+    has = cpu_bf16()
+    if dtype == "bfloat16":
+        return f"precision: bf16 autocast on the CPU ({has or 'no bf16 instructions: emulated, slower than fp32'})"
+    if dtype == "auto" and has:
+        # not chosen for the user until its held-out effect is measured over seeds (docs/performance.md)
+        return f"precision: fp32 (this CPU has {has}: model.dtype=bfloat16 trains in bf16 autocast)"
+    return f"precision: fp32 ({'model.dtype=float32' if dtype == 'float32' else 'this CPU has no bf16 instructions'})"
 
 
 def resume_hint(path: Path | None) -> str:
