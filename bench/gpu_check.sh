@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU check in parts; with no part named, all four in turn (about 14 minutes: name fewer when the
-# device time left is short):
+# GPU check in parts; with no part named, the first four in turn (about 14 minutes: name fewer when
+# the device time left is short; realjob takes about 5 minutes more):
 #   trainer  bench/gpu_check.py: log-probs and gradients against the CPU, speed at a 0.5B shape, and
 #            the vLLM rollout backend when vLLM is installed
 #   memory   bench/memory.py at the same 358M shape: allocated memory and time of one update for full
@@ -8,7 +8,10 @@
 #   sampler  bench/sampler.py --device cuda: the eager and the captured sampler (tokens/s, recording
 #            cost, identical fp32 greedy tokens, bf16 rows, weight changes, GPU busy share)
 #   mainjob  bench/gpu_main_job.py: the main job's sampling seconds a GRPO step, eager vs captured
-# Usage: bench/gpu_check.sh [trainer] [memory] [sampler] [mainjob] [gpu_check.py options...]
+#   realjob  bench/real_model.py: the real-model preset's steps (eight domains, tool episodes, refills)
+#            at the 358M shape with random weights (SmolLM2's weights do not travel), the phases of a
+#            step, evaluation time and peak memory (no base row: the git history does not travel)
+# Usage: bench/gpu_check.sh [trainer] [memory] [sampler] [mainjob] [realjob] [gpu_check.py options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -18,7 +21,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 parts=() options=()
 for arg in "$@"; do
-    case $arg in trainer|memory|sampler|mainjob) parts+=("$arg") ;; *) options+=("$arg") ;; esac
+    case $arg in trainer|memory|sampler|mainjob|realjob) parts+=("$arg") ;; *) options+=("$arg") ;; esac
 done
 [ ${#parts[@]} -gt 0 ] || parts=(trainer memory sampler mainjob)
 status=0
@@ -30,6 +33,9 @@ for part in "${parts[@]}"; do
                     --micro 16 || status=1 ;;
         sampler) timeout 200 "$PY" bench/sampler.py --device cuda --repeats 2 || status=1 ;;
         mainjob) timeout 150 "$PY" bench/gpu_main_job.py || status=1 ;;
+        realjob) timeout 300 "$PY" bench/real_model.py --skip base,bf16,trl --steps 3 --eval-tasks 1 --overrides \
+                    "model=tiny model.tiny.hidden_size=896 model.tiny.layers=24 model.tiny.heads=14 model.tiny.kv_heads=2
+                     model.tiny.intermediate_size=4864 model.device=cuda" || status=1 ;;
     esac
 done
 exit $status

@@ -19,6 +19,7 @@ Then the ratios base / new. Both rows of a pair run on the same machine minutes 
 them with each other, not with another day's.
 
     .venv/bin/python bench/real_model.py [--steps 2 --eval-tasks 1 --base 0ae633c] [--skip base,trl]
+                                         [--overrides "model.device=cuda ..."]
 """
 from __future__ import annotations
 
@@ -129,7 +130,7 @@ print(json.dumps(timer.times))
 
 
 def base_worktree(rev: str, workdir: Path) -> Path:
-    path = workdir / "base"
+    path = workdir / "base-code"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev], check=True,
                    capture_output=True)
     return path
@@ -162,9 +163,11 @@ def main() -> None:
     parser.add_argument("--eval-tasks", type=int, default=1)
     parser.add_argument("--base", default="0ae633c")
     parser.add_argument("--skip", default="", help="rows to leave out: base, bf16, trl")
+    parser.add_argument("--overrides", default="", help="more palestra-train overrides for every row, e.g. the "
+                        "GPU check's 358M shape (bench/gpu_check.sh realjob)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
-    common = [f"trainer.steps={args.steps}", f"eval.tasks_per_level={args.eval_tasks}"]
+    common = [f"trainer.steps={args.steps}", f"eval.tasks_per_level={args.eval_tasks}", *args.overrides.split()]
     print(f"CPU: {cpu_bf16() or 'no bf16 instructions'}; {os.cpu_count()} cores")
     workdir = Path(tempfile.mkdtemp(prefix="real-bench-"))
     rows = []
@@ -179,8 +182,8 @@ def main() -> None:
             rows.append(run_palestra("single-turn", ROOT, common + single, workdir))
             rows.append(run_trl(args.steps, workdir))
     finally:
-        if (workdir / "base").exists():
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(workdir / "base")])
+        if (workdir / "base-code").exists():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(workdir / "base-code")])
         shutil.rmtree(workdir, ignore_errors=True)
     print_table(rows)
     by_name = {row["name"]: summary(row) for row in rows}
