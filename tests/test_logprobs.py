@@ -8,7 +8,7 @@ from torch.testing import assert_close
 
 from trainer.adapters import attach_lora
 from trainer.config import LoraConfig
-from trainer.logprobs import _decoder_and_head, pick, sequence_logprobs
+from trainer.logprobs import decoder_and_head, pick, sequence_logprobs
 from trainer.models import encode_prompt, load_model, load_tokenizer
 from trainer.rollout import generate, positions
 from trainer.shared_prefix import grouped_logprobs, pack_by_prompt
@@ -79,11 +79,11 @@ def test_chunks_keep_no_whole_vocabulary_tensor_for_the_backward(rollout_and_mod
     assert vocabulary_rows_saved(8) == 0
 
 
-def test_a_lora_model_runs_its_decoder_and_head_apart_with_adapters_in_place(rollout_and_model):
+def test_a_lora_model_runs_itsdecoder_and_head_apart_with_adapters_in_place(rollout_and_model):
     model, rollout = rollout_and_model
     lora = attach_lora(model, LoraConfig(enabled=True, rank=2, alpha=4.0))
     try:
-        decoder, head = _decoder_and_head(lora)
+        decoder, head = decoder_and_head(lora)
         assert any("lora" in name for name, _ in decoder.named_modules())
         with torch.no_grad():
             for name, p in lora.named_parameters():
@@ -94,6 +94,7 @@ def test_a_lora_model_runs_its_decoder_and_head_apart_with_adapters_in_place(rol
         assert_close(logp, expected, atol=1e-5, rtol=1e-5)
     finally:
         lora.unload()
+        model.requires_grad_(True)  # peft froze the base weights; the other tests train them
 
 
 def test_pick_takes_the_tempered_log_softmax():
@@ -132,3 +133,13 @@ def test_packed_prompts_give_each_completion_its_plain_log_probs_and_gradient(tm
     shared = _gradient(model, lambda: (loss(*grouped_logprobs(model, *args, counted, with_entropy=True)),
                                        torch.zeros(())))
     assert_close(shared, plain, atol=1e-5, rtol=1e-4)
+
+
+def test_a_micro_batch_that_counts_nothing_gives_zeros_and_a_backward(rollout_and_model):
+    # every row masked (all truncated under mask_truncated): zeros, and a backward that runs
+    model, rollout = rollout_and_model
+    nothing = torch.zeros_like(rollout.completion_mask)
+    logp, entropy = grouped_logprobs(model, rollout.sequences, rollout.attention_mask, rollout.prompt_width, nothing,
+                                     with_entropy=True)
+    assert not logp.any() and not entropy.any()
+    (logp.sum() + entropy.sum()).backward()

@@ -31,7 +31,7 @@ def sequence_logprobs(
     entropies [B, L] if asked) under the model's distribution at ``temperature``: the one the
     sampler draws from at that temperature. ``chunk_tokens=0`` takes today's whole-logits path."""
     targets = sequences[:, prompt_width:]  # [B, L]
-    split = _decoder_and_head(model) if chunk_tokens > 0 else None
+    split = decoder_and_head(model) if chunk_tokens > 0 else None
     if split is None:
         return _from_logits(model, sequences, attention_mask, prompt_width, with_entropy, temperature)
     decoder, head = split
@@ -50,7 +50,7 @@ def chunked_head(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Ten
     ``chunk_tokens`` rows at a time; under autograd each chunk's logits are recomputed in the backward."""
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     logps, entropies = [], []
-    for start in range(0, hidden.shape[0], chunk_tokens):
+    for start in range(0, max(1, hidden.shape[0]), chunk_tokens):  # one empty chunk when nothing counts
         piece = (head, hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens], temperature,
                  with_entropy)
         logp, entropy = checkpoint(_head_chunk, *piece, use_reentrant=False) if recompute else _head_chunk(*piece)
@@ -79,7 +79,7 @@ def pick(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, 
     return chosen, (-(logp.exp() * logp).sum(dim=-1) if with_entropy else None)
 
 
-def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     """The model's decoder (hidden states out) and its LM head, or None where they cannot be run
     apart. A peft model hands both through to the model it wraps, adapters in place."""
     if is_sharded(model) or not hasattr(model, "get_decoder"):

@@ -19,9 +19,11 @@ implementations take the plain forward.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from trainer.logprobs import CHUNK_TOKENS, _decoder_and_head, chunked_head, sequence_logprobs
+from trainer.logprobs import CHUNK_TOKENS, decoder_and_head, chunked_head, sequence_logprobs
 from trainer.rollout import distinct_rows
 
 PROMPT = -1  # segment id of the prompt's columns
@@ -34,7 +36,7 @@ def grouped_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """As ``sequence_logprobs`` for the counted tokens (``counted`` [B, L], the loss mask); tokens
     past a row's last counted one get log-prob 0 (and entropy 0)."""
-    split = _decoder_and_head(model)
+    split = decoder_and_head(model)
     mask_kind = _mask_kind(model)
     if split is None or mask_kind is None:
         return sequence_logprobs(model, sequences, attention_mask, prompt_width, with_entropy, temperature,
@@ -52,17 +54,16 @@ def grouped_logprobs(
     return out, entropy.new_zeros(rows * width).index_put((packed.slots,), entropy).view(rows, width)
 
 
+@dataclass
 class Packed:
     """A micro-batch packed one row per distinct prompt."""
 
-    def __init__(self, ids: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor, source: torch.Tensor,
-                 targets: torch.Tensor, slots: torch.Tensor) -> None:
-        self.ids = ids  # [F, S] prompt, then each completion, then padding
-        self.positions = positions  # [F, S] 0.. over the prompt, continuing from it in each completion
-        self.segments = segments  # [F, S] PROMPT, the completion's index in the row, or PADDING
-        self.source = source  # [N] flat index into [F * S] of the hidden state predicting each token
-        self.targets = targets  # [N] those tokens
-        self.slots = slots  # [N] flat index into [B * L] of each token in the plain layout
+    ids: torch.Tensor  # [F, S] prompt, then each completion, then padding
+    positions: torch.Tensor  # [F, S] 0.. over the prompt, continuing from it in each completion
+    segments: torch.Tensor  # [F, S] PROMPT, the completion's index in the row, or PADDING
+    source: torch.Tensor  # [N] flat index into [F * S] of the hidden state predicting each token
+    targets: torch.Tensor  # [N] those tokens
+    slots: torch.Tensor  # [N] flat index into [B * L] of each token in the plain layout
 
     def attention(self, kind: str, dtype: torch.dtype) -> torch.Tensor:
         """[F, 1, S, S]: a query sees the keys at or before it in the prompt or in its own segment;
