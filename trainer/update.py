@@ -187,8 +187,9 @@ class PolicyUpdate:
         temperature; with ``shared_prefix`` each group's prompt is encoded once."""
         temperature = self.settings.sampling.temperature
         if self.settings.optim.shared_prefix:
-            return grouped_logprobs(model, seqs, attn, prompt_width, counted, with_entropy, temperature)
-        return sequence_logprobs(model, seqs, attn, prompt_width, with_entropy, temperature)
+            return grouped_logprobs(model, seqs, attn, prompt_width, counted, with_entropy=with_entropy,
+                                    temperature=temperature)
+        return sequence_logprobs(model, seqs, attn, prompt_width, with_entropy=with_entropy, temperature=temperature)
 
     def _join_others(self, model: torch.nn.Module, passes: int, backward: bool) -> None:
         """A sharded model's forwards (and backwards) are collectives: after its own ``passes``,
