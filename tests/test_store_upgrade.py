@@ -44,6 +44,17 @@ def readings(store: StatsStore, run_id: str) -> dict:
             "results": [{k: v for k, v in r.items() if k not in ("id", "run_id")} for r in store.results(run_id)]}
 
 
+def same_up_to_rounding(a, b) -> bool:
+    """Equal, floats within a relative 1e-12 of each other."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-12, abs=1e-300)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_up_to_rounding(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_up_to_rounding(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def rebuilt_state(store: StatsStore, run: dict) -> dict:
     cfg = run["config"]
     levels = tuple(range(cfg["sim"]["levels"]))
@@ -77,7 +88,9 @@ def test_a_version_1_store_reads_and_upgrades_to_what_today_writes(v1_url, tmp_p
         assert readings(upgraded, run["id"]) == before
     with StatsStore(f"sqlite:///{tmp_path / 'new.db'}") as new:
         new_run = run_sim(fixture_config(), new).run_id
-        assert readings(new, new_run) == before  # the same run, stored as arrays, reads the same rows
+        # the same run, stored as arrays, reads the same rows (to the last bit but one: a fresh simulation's
+        # float sums round by the CPU's vector width, and the fixture was written on another kind of CPU)
+        assert same_up_to_rounding(readings(new, new_run), before)
         np.testing.assert_equal(rebuilt_state(new, new.run(new_run)), old_state)
 
 
