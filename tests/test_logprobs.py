@@ -79,7 +79,7 @@ def test_chunks_keep_no_whole_vocabulary_tensor_for_the_backward(rollout_and_mod
     assert vocabulary_rows_saved(8) == 0
 
 
-def test_a_lora_model_runs_itsdecoder_and_head_apart_with_adapters_in_place(rollout_and_model):
+def test_a_lora_model_runs_its_decoder_and_head_apart_with_adapters_in_place(rollout_and_model):
     model, rollout = rollout_and_model
     lora = attach_lora(model, LoraConfig(enabled=True, rank=2, alpha=4.0))
     try:
