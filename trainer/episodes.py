@@ -71,7 +71,8 @@ def run_episodes(
         if not live:
             break
         if context is not None:
-            context = context.select([played.index(i) for i in live])
+            row_of = {episode: row for row, episode in enumerate(played)}
+            context = context.select([row_of[i] for i in live])
         # one budget for the batch, sized for its roomiest episode; _advance ends each episode at its own
         budget = max(1, min(max_new_tokens, max(max_total_tokens - len(episodes[i].tokens) for i in live)))
         turn = sampler(model, [episodes[i].prompt + episodes[i].tokens for i in live], max_new_tokens=budget,

@@ -29,7 +29,7 @@ def sequence_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [B, L] of the completion tokens ``sequences[:, prompt_width:]`` (and their
     entropies [B, L] if asked) under the model's distribution at ``temperature``: the one the
-    sampler draws from at that temperature. ``chunk_tokens=0`` takes today's whole-logits path."""
+    sampler draws from at that temperature. ``chunk_tokens=0`` takes the model's own forward."""
     targets = sequences[:, prompt_width:]  # [B, L]
     split = decoder_and_head(model) if chunk_tokens > 0 else None
     if split is None:
@@ -86,7 +86,7 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
         return None
     try:
         decoder, head = model.get_decoder(), model.get_output_embeddings()
-    except (AttributeError, NotImplementedError):
+    except AttributeError:  # a model class without the lookups transformers' models have
         return None
     if decoder is None or decoder is model or not isinstance(head, torch.nn.Module):
         return None

@@ -120,7 +120,8 @@ class Context:
     held: list[int]  # [R] how many of the row's transcript tokens the columns hold
 
     def select(self, rows: list[int]) -> "Context":
-        """The context of ``rows`` alone (the episodes still going), in that order."""
+        """The context of ``rows`` alone (the episodes still going), in that order; the cache is
+        narrowed in place, so this context is not to be used after."""
         index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
         self.kv.reorder_cache(index)
         return Context(self.kv, self.mask[index], [self.held[r] for r in rows])
@@ -172,7 +173,7 @@ def generate(
                       compact=not keep_context)
     rollout = assemble(ids, prompt_mask, decoded.completion, decoded.lengths, decoded.finished, eos_id)
     if keep_context:
-        rollout.context = _carried(decoded, prompts, prompt_mask, context)
+        rollout.context = _carried(decoded, prompt_mask, context)
     return rollout
 
 
@@ -236,14 +237,11 @@ def extend(model: torch.nn.Module, context: Context, transcripts: list[list[int]
     device = context.mask.device
     ids, new_mask = (t.to(device) for t in left_pad(new, pad_id))
     mask = torch.cat([context.mask, new_mask], dim=1)
-    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)[:, -ids.shape[1]:], use_cache=True,
-                **{cache_keyword(model): context.kv}, **keep)
-    return ids, new_mask, out.logits[:, -1, :]
+    logits = last_logits(model, ids, mask, positions(mask)[:, -ids.shape[1]:], context.kv)
+    return ids, new_mask, logits
 
 
-def _carried(decoded: _Decoded, transcripts: list[list[int]], new_mask: torch.Tensor,
-             before: Context | None) -> Context:
+def _carried(decoded: _Decoded, new_mask: torch.Tensor, before: Context | None) -> Context:
     """The context after a call: the sampled tokens that were fed to the model (all but the last
     sampled column) count up to each row's length; a finished row's later columns are masked out."""
     fed = decoded.completion.shape[1] - 1  # the last sampled token never went through the model
@@ -251,9 +249,9 @@ def _carried(decoded: _Decoded, transcripts: list[list[int]], new_mask: torch.Te
     columns = torch.arange(fed, device=decoded.mask.device)
     mask = decoded.mask.clone()
     mask[:, base:] = (columns.unsqueeze(0) < decoded.lengths.unsqueeze(1)).to(mask.dtype)
-    held = [len(tokens) for tokens in transcripts] if before is None else \
-        [h + int(n) for h, n in zip(before.held, new_mask.sum(dim=1).tolist())]
-    held = [h + min(int(n), fed) for h, n in zip(held, decoded.lengths.tolist())]
+    previously = before.held if before is not None else [0] * len(new_mask)
+    held = [h + new + min(length, fed) for h, new, length in
+            zip(previously, new_mask.sum(dim=1).tolist(), decoded.lengths.tolist())]
     return Context(decoded.kv, mask, held)
 
 
@@ -277,10 +275,17 @@ def prefill(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, kv: C
     row's next-token logits [B, V], the rows ``kv`` holds [U] and each row's index among them [B]."""
     distinct, inverse = distinct_rows(ids) if share else (torch.arange(len(ids), device=ids.device),) * 2
     rows = mask[distinct]
-    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}  # the head at the last position only
-    out = model(input_ids=ids[distinct], attention_mask=rows, position_ids=positions(rows), use_cache=True,
+    return last_logits(model, ids[distinct], rows, positions(rows), kv)[inverse], distinct, inverse
+
+
+def last_logits(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                kv: Cache) -> torch.Tensor:
+    """Encode ``ids`` [R, W] into ``kv`` (``mask`` covers the cache's columns and these); the
+    next-token logits [R, V], the head run at the last position only where the model allows."""
+    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                 **{cache_keyword(model): kv}, **keep)
-    return out.logits[:, -1, :][inverse], distinct, inverse
+    return out.logits[:, -1, :]
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
