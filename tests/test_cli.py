@@ -245,6 +245,7 @@ def test_verify_exits_1_when_a_verifier_could_not_judge(tmp_path, capsys, monkey
     assert err == "error: 2 of 3 completions were not scored: verifier raised ZeroDivisionError: the verifier divided by zero\n"
 
 
+@pytest.mark.sandbox
 def test_verify_of_code_tells_a_missing_sandbox_from_a_program_that_crashed(tmp_path, capsys):
     assert main(["sample", "--domain", "code_functions", "--level", "1", "-n", "1", "--json"]) == 0
     task = json.loads(capsys.readouterr().out)["task"]

@@ -99,6 +99,7 @@ def test_a_complete_prompt_runs_before_the_completion_and_an_incomplete_starter_
     assert assemble(whole, starter) == whole  # the stub alone would not compile
 
 
+@pytest.mark.sandbox
 def test_humaneval_full_function_may_use_the_prompts_imports(dataset):
     task = dataset.tasks[0]  # its signature uses List, imported by the prompt only
     full = ("```python\ndef has_close(numbers: List[float], threshold: float) -> bool:\n"
@@ -112,6 +113,7 @@ def test_only_programs_that_name_a_typing_export_get_the_typing_import():
     assert typing_preamble("def f(x):\n    return 'List' + x.Dict\n") == ""  # a string and an attribute
 
 
+@pytest.mark.sandbox
 def test_leetcode_style_rows_call_the_method_of_solution(tmp_path):
     starter = "class Solution:\n    def twoSum(self, nums: List[int], t: int) -> List[int]:\n        "
     row = {"question": "two sum", "starter_code": starter,
@@ -170,6 +172,7 @@ def test_dataset_loads_rows_levels_and_references(dataset):
     assert all(t.level == 2 for t in sample)
 
 
+@pytest.mark.sandbox
 def test_every_reference_passes_and_a_wrong_answer_fails(dataset):
     for task in dataset.tasks:
         good = dataset.verify(task, dataset.reference(task))
@@ -181,12 +184,14 @@ def test_every_reference_passes_and_a_wrong_answer_fails(dataset):
         assert "first_failure" in bad.details and bad.details["passed"] < bad.details["total"]
 
 
+@pytest.mark.sandbox
 def test_humaneval_accepts_a_full_function_in_a_fence(dataset):
     task = dataset.tasks[2]
     full = "```python\ndef sum_product(numbers):\n    import math\n    return sum(numbers), math.prod(numbers)\n```"
     assert dataset.verify(task, full).reward == 1.0
 
 
+@pytest.mark.sandbox
 def test_humaneval_counts_every_assert_check_reaches(dataset):
     loop = dataset.verify(dataset.tasks[1], HUMANEVAL_ROWS[1]["canonical_solution"])
     assert (loop.reward, loop.details["passed"], loop.details["total"]) == (1.0, 20, 20)
@@ -200,6 +205,7 @@ def test_humaneval_counts_every_assert_check_reaches(dataset):
     assert (stop_early.reward, stop_early.details["passed"], stop_early.details["total"]) == (0.0, 1, 2)
 
 
+@pytest.mark.sandbox
 def test_first_failure_shows_the_input_but_never_the_expected_value(dataset):
     task = dataset.tasks[5]  # add(a, b) → a + b
     result = dataset.verify(task, "def add(a, b):\n    return 999")
@@ -207,6 +213,7 @@ def test_first_failure_shows_the_input_but_never_the_expected_value(dataset):
     assert "3" not in json.dumps(result.details)
 
 
+@pytest.mark.sandbox
 def test_pass_fraction_option(dataset):
     fraction = dataset.configure({"reward": "fraction"})
     task = dataset.tasks[5]
@@ -214,12 +221,14 @@ def test_pass_fraction_option(dataset):
     assert result.reward == pytest.approx(0.5) and not result.correct and result.details["passed"] == 1
 
 
+@pytest.mark.sandbox
 def test_format_errors(dataset):
     task = dataset.tasks[5]
     assert dataset.verify(task, "").status is Status.FORMAT_ERROR
     assert dataset.verify(task, "```python\ndef add(a, b)\n    return a+b\n```").status is Status.FORMAT_ERROR
 
 
+@pytest.mark.sandbox
 def test_missing_entry_point_is_a_format_error_found_without_running(dataset):
     result = dataset.verify(dataset.tasks[5], "def plus(a, b):\n    return a + b")
     assert result.status is Status.FORMAT_ERROR and "'add'" in result.details["message"]
@@ -227,6 +236,7 @@ def test_missing_entry_point_is_a_format_error_found_without_running(dataset):
         assert dataset.verify(dataset.tasks[5], defined).reward == 1.0, defined
 
 
+@pytest.mark.sandbox
 def test_entry_point_bound_only_at_run_time_fails_to_load(dataset):
     result = dataset.verify(dataset.tasks[5], "add = 1\ndel add")
     assert result.status is Status.ERROR and "add" in result.details["message"]
@@ -239,6 +249,7 @@ def test_task_from_json_takes_task_json_raw_rows_and_task_ids(dataset):
     assert dataset.task_from_json({"task_id": "Test/1"}).id == dataset.tasks[1].id
 
 
+@pytest.mark.sandbox
 def test_palestra_verify_scores_humaneval_rows(tmp_path):
     """``palestra verify --domain code_dataset --input FILE.jsonl`` on HumanEval rows, no flags."""
     row = HUMANEVAL_ROWS[2]
@@ -253,6 +264,7 @@ def test_palestra_verify_scores_humaneval_rows(tmp_path):
     assert [(r["status"], r["reward"]) for r in results] == [("ok", 1.0), ("wrong", 0.0)]
 
 
+@pytest.mark.sandbox
 def test_stdio_cases_stop_at_the_time_budget(dataset):
     """Many slow cases must not run into the pool's hard deadline: stop early, call it a timeout."""
     slow = dataset.configure({"verify_timeout_s": 3.5})  # budget: 3.5 - 2 (wall) - 1 = 0.5 s
@@ -262,6 +274,7 @@ def test_stdio_cases_stop_at_the_time_budget(dataset):
     assert "budget" in result.details["message"]
 
 
+@pytest.mark.sandbox
 def test_check_code_with_unsendable_arguments_is_an_error(dataset):
     row = {**HUMANEVAL_ROWS[2], "test": "def check(candidate):\n    assert candidate(lambda: 1) == 1\n"}
     result = dataset.verify(dataset.task_from_row(row), HUMANEVAL_ROWS[2]["canonical_solution"])
@@ -269,6 +282,7 @@ def test_check_code_with_unsendable_arguments_is_an_error(dataset):
     assert not result.scored  # the test could not be run: no verdict on the solution
 
 
+@pytest.mark.sandbox
 def test_check_code_may_pass_the_candidates_results_back_to_it(dataset):
     # what the candidate returns is wrapped (1 == True must not hold); passed back, it travels plain
     row = {"task_id": "Test/back", "prompt": "def step(x):\n", "canonical_solution": "    return x + 1\n",
@@ -303,6 +317,7 @@ def test_procedural_family_has_five_levels_of_short_tasks(cls, templates):
             assert "expected" not in task.prompt[0]["content"]
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("cls, templates", FAMILIES, ids=["code_functions", "code_lists"])
 def test_procedural_references_pass_and_constants_fail(cls, templates):
     domain = cls().configure(FAST)
@@ -313,6 +328,7 @@ def test_procedural_references_pass_and_constants_fail(cls, templates):
             assert domain.verify(task, f"def f({domain.arg}):\n return 0").reward == 0.0, task.prompt
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("cls", [IntFunctionsDomain, ListFunctionsDomain], ids=["code_functions", "code_lists"])
 def test_expression_completions_for_small_generation_budgets(cls):
     domain = cls().configure({**FAST, "completion": "expression"})
@@ -350,6 +366,7 @@ def test_registered_through_entry_points():
 
 
 # -- concurrency ----------------------------------------------------------------------------------
+@pytest.mark.sandbox
 def test_pool_verifies_in_parallel_and_every_reference_passes():
     domain = ListFunctionsDomain().configure(FAST)
     tasks = [t for level in domain.levels for t in domain.sample(level, 4, random.Random(level))]
@@ -377,6 +394,7 @@ def test_a_small_level_is_never_held_out_whole(tmp_path):
     assert len(drawn) == 8 and not {t.id for t in drawn} & held
 
 
+@pytest.mark.sandbox
 def test_a_program_may_start_with_a_future_import_after_a_prompt_or_preamble(dataset, tmp_path):
     task = dataset.tasks[0]  # HumanEval-shaped: the prompt's code runs first
     full = ("```python\nfrom __future__ import annotations\n\n\ndef has_close(numbers: List[float], threshold):\n"

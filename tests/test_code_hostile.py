@@ -20,6 +20,8 @@ from domains.verify.pool import VerifierPool
 from domains.verify.sandbox import SandboxConfig, SandboxUnavailable, self_test
 from hostile.programs import HOSTILE, Hostile
 
+pytestmark = pytest.mark.sandbox  # every test here runs code under bubblewrap
+
 PROJECT = Path(__file__).resolve().parents[1]
 FAST = {"sandbox": {"wall_timeout_s": 2.0, "cpu_s": 1}, "verify_timeout_s": 30.0}
 SANDBOX_UID_MIN = 1_500_000_000  # domains.verify.sandbox_limits._fresh_uid draws from here up

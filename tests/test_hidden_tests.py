@@ -59,6 +59,7 @@ def test_the_subset_rotates_across_steps_and_never_holds_a_shown_example(lists):
     assert SCORED_KEY not in held.payload  # held-out evaluation scores the whole pool
 
 
+@pytest.mark.sandbox
 def test_a_policy_that_hard_codes_one_subset_scores_one_there_and_zero_elsewhere(lists):
     task = lists.sample(2, 1, random.Random(5))[0]
     first = lists.drawn(task, 1, 0)
@@ -123,6 +124,7 @@ def test_by_epoch_the_subset_changes_each_time_the_task_is_drawn_and_survives_a_
     assert all(SCORED_KEY in t.payload for t in by_step.draw(counts, step=1)) and not by_step.visits  # no count kept
 
 
+@pytest.mark.sandbox
 def test_replay_scores_each_stored_result_on_the_tests_that_scored_it(tmp_path, rows_file):
     """A stored run whose completions hard-code the tests of a task's first draw: reward 1 then,
     mostly 0 on the draws after (by epoch: the draw count, which replay recounts from the stored

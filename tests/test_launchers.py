@@ -19,10 +19,9 @@ import psutil
 import pytest
 
 from curriculum.cli import main as cli
+from databases import PG_URL, needs_pg
 
 HERE = Path(__file__).resolve().parent
-PG_URL = os.environ.get("PALESTRA_TEST_PG_URL")
-needs_pg = pytest.mark.skipif(not PG_URL, reason="needs PALESTRA_TEST_PG_URL (make test starts a server)")
 
 
 def _sim_sweep(tmp_path: Path, launcher: list[str], sweep_id: str) -> subprocess.CompletedProcess:

@@ -26,6 +26,7 @@ ASKS = {"arithmetic": "\\boxed{}", "linear_equations": "\\boxed{}", "fractions":
         "tool_kv_store": "reply done", "tool_lookup": "\\boxed{}"}
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("name", PROCEDURAL)
 def test_a_chat_prompt_of_every_procedural_domain_asks_for_the_format_and_its_reference_scores(name):
     compact, chat = load(name), load(name).configure({"prompt_style": "chat", "system_prompt": "Be brief."})
@@ -68,6 +69,7 @@ def test_the_compact_form_is_what_it_was(name):
     assert domain.configure({"prompt_style": "compact"}).sample(1, 1, random.Random(0)) == [task]
 
 
+@pytest.mark.sandbox
 def test_dataset_domains_add_the_request_to_the_rows_own_question(tmp_path):
     math_file = tmp_path / "math.jsonl"
     math_file.write_text(json.dumps({"prompt": "How many legs have 3 cats?", "answer": "12"}) + "\n"

@@ -1,12 +1,11 @@
 """PromptSelector: streak skipping, Beta-posterior selection, retirement with replay, determinism,
 state round trip, and per-prompt statistics in the store that a re-recorded step never counts twice.
 
-Store tests run on SQLite in tmp_path, and on PostgreSQL too when PALESTRA_TEST_PG_URL is set.
+Store tests run on SQLite in tmp_path, and on PostgreSQL too when PALESTRA_TEST_PG_URL is set (tests/databases.py).
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +15,12 @@ from pydantic import ValidationError
 
 from curriculum.config import SelectionConfig
 from curriculum.prompts import PromptSelector, step_deltas
-from curriculum.schema import Base, make_engine
 from curriculum.store import StatsStore
 from curriculum.types import Outcome
 from domains.api import Task
+from databases import DATABASES, empty_database
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "selection"
-PG_URL = os.environ.get("PALESTRA_TEST_PG_URL")
 G = 8  # completions per group
 
 
@@ -242,16 +240,9 @@ def test_state_round_trip_continues_identically():
 
 
 # -- the store ------------------------------------------------------------------------------------
-@pytest.fixture(params=["sqlite"] + (["postgresql"] if PG_URL else []))
+@pytest.fixture(params=DATABASES)
 def store(request, tmp_path):
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'palestra.db'}"
-    else:
-        engine = make_engine(PG_URL)
-        Base.metadata.drop_all(engine)  # every test starts from an empty database
-        engine.dispose()
-        url = PG_URL
-    s = StatsStore(url)
+    s = StatsStore(empty_database(request.param, tmp_path))
     yield s
     s.close()
 

@@ -256,6 +256,7 @@ def test_the_conf_tree_selects_ray_by_override():
 
 
 # -- a GRPO run verifying on Ray ----------------------------------------------------------------------------
+@pytest.mark.sandbox
 def test_grpo_steps_verify_on_ray(tmp_path, pool):
     from trainer.grpo import GRPORecipe
 

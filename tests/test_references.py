@@ -52,6 +52,7 @@ def rejected_references(names: list[str], options: dict[str, dict]) -> tuple[lis
     return rejected, checked
 
 
+@pytest.mark.sandbox
 def test_every_built_in_domain_scores_its_references_one(file_options):
     names = [n for n in available() if not n.startswith("rg_")]
     assert {"arithmetic", "code_functions", "code_lists", "code_dataset", "bfcl", "tool_lookup"} <= set(names)

@@ -75,6 +75,7 @@ def test_replay_counts_damaged_rows_and_unknown_domains_and_checks_the_rest(tmp_
     assert report["checked"] == 16 - 3 - with_damaged_task and report["mismatches"] == []
 
 
+@pytest.mark.sandbox
 def test_replay_without_a_sandbox_counts_the_code_it_could_not_judge(tmp_path, capsys):
     from sqlalchemy import update
 

@@ -17,6 +17,8 @@ from domains.code.verifier import CodeConfig, verify_code
 from domains.verify.sandbox import SandboxConfig, SandboxProcess, SandboxUnavailable, _SELF_TEST, run_script, self_test
 from domains.verify.sandbox_harness import decode_value
 
+pytestmark = pytest.mark.sandbox  # every test here runs code under bubblewrap
+
 FAST = SandboxConfig(wall_timeout_s=2.0, cpu_s=1)
 
 

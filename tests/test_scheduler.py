@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 
 import numpy as np
@@ -12,14 +11,13 @@ from curriculum.config import parse_difficulty, parse_policy
 from curriculum.policies import POLICIES
 from curriculum.scheduler import Scheduler, allocate, next_credit
 from curriculum.signals import Signals
-from curriculum.schema import Base, make_engine
 from curriculum.store import StatsStore
 from curriculum.types import Outcome, Plan
+from databases import DATABASES, empty_database
 
 DOMAINS = {"arithmetic": (1, 2, 3), "fractions": (1, 2, 3), "code": (1, 2), "tools": (1,)}
 SKILL = {"arithmetic": 0.9, "fractions": 0.5, "code": 0.2, "tools": 0.0}
 GROUP = 4
-PG_URL = os.environ.get("PALESTRA_TEST_PG_URL")
 
 
 def scheduler(kind="learnability", store=None, run_id=None, seed=0, prompts=12, difficulty=None, **options):
@@ -116,15 +114,9 @@ def test_state_round_trip_continues_identically(kind):
                                                drive(restored, range(10, 20), seed=9)))
 
 
-@pytest.fixture(params=["sqlite"] + (["postgresql"] if PG_URL else []))
+@pytest.fixture(params=DATABASES)
 def store_url(request, tmp_path) -> str:
-    """SQLite in tmp_path; also PostgreSQL when PALESTRA_TEST_PG_URL is set (emptied first)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'p.db'}"
-    engine = make_engine(PG_URL)
-    Base.metadata.drop_all(engine)
-    engine.dispose()
-    return PG_URL
+    return empty_database(request.param, tmp_path, "p.db")
 
 
 @pytest.mark.parametrize("kind", sorted(POLICIES))

@@ -5,7 +5,6 @@ PostgreSQL database as well (its tables are dropped and recreated for each test)
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,22 +13,17 @@ from omegaconf import OmegaConf
 from sqlalchemy import event, text, update
 
 from curriculum.config import StoreConfig
-from curriculum.schema import SCHEMA_VERSION, Base, MetaRow, make_engine
+from curriculum.schema import SCHEMA_VERSION, MetaRow
 from curriculum.store import SchemaVersionError, StatsStore
 from curriculum.types import Outcome, Plan
+from databases import DATABASES, empty_database
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-PG_URL = os.environ.get("PALESTRA_TEST_PG_URL")
 
 
-@pytest.fixture(params=["sqlite"] + (["postgresql"] if PG_URL else []))
+@pytest.fixture(params=DATABASES)
 def store_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'palestra.db'}"
-    engine = make_engine(PG_URL)
-    Base.metadata.drop_all(engine)  # every test starts from an empty database
-    engine.dispose()
-    return PG_URL
+    return empty_database(request.param, tmp_path)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import sqlite3
 import threading
 import time
@@ -12,22 +11,17 @@ import pytest
 from sqlalchemy import event, text
 
 from curriculum.prompts import step_deltas
-from curriculum.schema import Base, make_engine
+from curriculum.schema import make_engine
 from curriculum.store import StatsStore, StoreUnavailable
 from curriculum.types import Outcome, Plan
+from databases import DATABASES, PG_URL, empty_database, needs_pg
 
-PG_URL = os.environ.get("PALESTRA_TEST_PG_URL")
 WRITERS, STEPS, PER_STEP = 4, 20, 500  # 4 writers x 10,000 results
 
 
-@pytest.fixture(params=["sqlite"] + (["postgresql"] if PG_URL else []))
+@pytest.fixture(params=DATABASES)
 def url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'shared.db'}"
-    engine = make_engine(PG_URL)
-    Base.metadata.drop_all(engine)
-    engine.dispose()
-    return PG_URL
+    return empty_database(request.param, tmp_path, "shared.db")
 
 
 def _plan(step: int) -> Plan:
@@ -133,12 +127,9 @@ def test_a_store_that_stays_locked_fails_with_a_clear_error(tmp_path):
     blocker.close()
 
 
-@pytest.mark.skipif(not PG_URL, reason="needs PALESTRA_TEST_PG_URL (make test starts a server)")
-def test_a_dropped_postgres_connection_is_retried():
-    engine = make_engine(PG_URL)
-    Base.metadata.drop_all(engine)
-    engine.dispose()
-    store = StatsStore(PG_URL)
+@needs_pg
+def test_a_dropped_postgres_connection_is_retried(tmp_path):
+    store = StatsStore(empty_database("postgresql", tmp_path))
     run_id = store.start_run("r", {}, seed=0)
     store.write_step(run_id, 1, _plan(1), _outcomes(0, 1)[:10])  # the pool now holds a connection
     admin = make_engine(PG_URL)
