@@ -2,7 +2,8 @@
 # GPU check in parts; with no part named, the first four in turn (about 14 minutes: name fewer when
 # the device time left is short; realjob takes about 5 minutes more):
 #   trainer  bench/gpu_check.py: log-probs and gradients against the CPU, speed at a 0.5B shape, and
-#            the vLLM rollout backend when vLLM is installed
+#            the vLLM rollout backend when vLLM is installed (its last line says when it was not;
+#            --vllm require makes a missing vLLM a failure)
 #   memory   bench/memory.py at the same 358M shape: allocated memory and time of one update for full
 #            fine-tuning, the reference on the CPU, LoRA, LoRA + checkpointing (FSDP needs 2 GPUs)
 #   sampler  bench/sampler.py --device cuda: the eager and the captured sampler (tokens/s, recording

@@ -46,11 +46,30 @@ def test_without_cuda_the_backend_says_so_in_one_line():
         TrainerConfig(rollout_backend="vllm")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU check needs a CUDA GPU")
-def test_gpu_check_passes():
-    # the trainer's checks always run; the vLLM ones when vLLM is installed
-    done = subprocess.run(["bash", str(ROOT / "bench/gpu_check.sh"), "--prompts", "16", "--max-new-tokens", "16",
-                           "--speed-batch", "32"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHON": sys.executable})
+def _gpu_check(*args: str) -> subprocess.CompletedProcess:
+    # each part of bench/gpu_check.sh has its own time limit there, all well inside this suite's 600 s
+    done = subprocess.run(["bash", str(ROOT / "bench/gpu_check.sh"), *args], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "gpu check: PASS" in done.stdout
+    return done
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU check needs a CUDA GPU")
+def test_the_trainer_passes_its_gpu_check():
+    done = _gpu_check("trainer", "--vllm", "off", "--prompts", "16", "--max-new-tokens", "16", "--speed-batch", "32")
+    assert "gpu check: PASS (vLLM not checked: --vllm off)" in done.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU check needs a CUDA GPU")
+def test_the_vllm_backend_passes_its_gpu_check():
+    pytest.importorskip("vllm", reason="vLLM is not installed here (pip install vllm): its GPU check cannot run")
+    done = _gpu_check("trainer", "--vllm", "require", "--prompts", "16", "--max-new-tokens", "16",
+                      "--speed-batch", "32")
+    assert "gpu check: PASS\n" in done.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU check needs a CUDA GPU")
+@pytest.mark.parametrize("part", ["memory", "sampler", "mainjob"])
+def test_each_other_part_of_the_gpu_check_passes(part):
+    done = _gpu_check(part)
+    assert f"== {part}" in done.stdout
