@@ -1,7 +1,7 @@
 """Palestra's curriculum inside TRL's ``GRPOTrainer``: per-domain statistics in the store, adaptive
 mixing and difficulty — with TRL's own training loop unchanged.
 
-    from curriculum.integrations.trl import TRLCurriculum
+    from trainer.integrations.trl import TRLCurriculum
 
     args = GRPOConfig(..., shuffle_dataset=False, max_steps=100)
     with TRLCurriculum.build(["arithmetic", "fractions"], args, policy={"type": "learnability"}) as curriculum:
