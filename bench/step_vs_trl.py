@@ -1,12 +1,13 @@
 """One GRPO step of Palestra against one of TRL's GRPOTrainer, alternating, in one process.
 
 Same tiny model (built fresh, same weights), same batch shape: 8 prompts x 8 completions, up to
-16 new tokens, beta = 0.04 (so both load a reference model), mu = 1, the same math verifier.
-TRL runs its training loop; a callback times each of its steps and, between two of them, runs and
+16 new tokens, beta = 0.04 (so both load a reference model), mu = 1, the same math verifier, and
+the same torch threads (``--threads``, default this machine's share of the cores) for every phase of
+both steps: Palestra's sampling and update, and TRL's whole step. TRL runs its training loop; a callback times each of its steps and, between two of them, runs and
 times one Palestra step — so both share the machine's state at every moment. The last line is the
 median step-time ratio ours / TRL (below 1.0 means Palestra is faster).
 
-    .venv/bin/pip install -e '.[bench]' && .venv/bin/python bench/step_vs_trl.py [--rounds 12]
+    .venv/bin/pip install -e '.[bench]' && .venv/bin/python bench/step_vs_trl.py [--rounds 12] [--threads N]
 """
 from __future__ import annotations
 
@@ -21,13 +22,15 @@ from pathlib import Path
 
 import torch
 
+from trainer.runtime import within_share
+
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 
 PROMPTS, GROUP, NEW_TOKENS, BETA = 8, 8, 16, 0.04
 
 
-def palestra_recipe(workdir: Path):
+def palestra_recipe(workdir: Path, threads: int):
     from trainer.config import validate_config
     from trainer.grpo import GRPORecipe
 
@@ -40,7 +43,7 @@ def palestra_recipe(workdir: Path):
                                  "temperature": 1.0, "dynamic_sampling": False},
                     "loss": {"beta": BETA, "sft_coef": 0.0, "skip_zero_advantage": False},
                     "optim": {"mu": 1, "lr": 1e-5, "lr_decay": "constant", "micro_batch_size": PROMPTS * GROUP},
-                    "system": {"cpu_threads": 1}},
+                    "system": {"cpu_threads": threads, "update_cpu_threads": threads}},
         "verifier": {"workers": 1}, "sft": {"steps": 0}, "eval": {"tasks_per_level": 1}, "checkpoint": {"every": 0},
     })
     recipe = GRPORecipe(config)
@@ -97,11 +100,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for both trainers (default: this machine's share of the cores)")
     args = parser.parse_args()
+    threads = within_share(args.threads)
+    print(f"threads: {threads} for both trainers")
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        recipe = palestra_recipe(workdir)
+        recipe = palestra_recipe(workdir, threads)
         ours: list[float] = []
         step = iter(range(1, 10**9))
 
@@ -109,10 +116,12 @@ def main() -> None:
             start = time.perf_counter()
             recipe.train_step(next(step))
             ours.append(time.perf_counter() - start)
+            torch.set_num_threads(threads)  # TRL's next step runs on what Palestra's left set
             if len(ours) >= args.rounds + args.warmup:
                 raise Done
 
         trainer, timer = trl_trainer(str(workdir / "palestra" / "tiny-model"), workdir, one_palestra_step)
+        torch.set_num_threads(threads)
         try:
             trainer.train()
         except Done:
