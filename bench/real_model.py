@@ -20,6 +20,10 @@ them with each other, not with another day's.
 
     .venv/bin/python bench/real_model.py [--steps 2 --eval-tasks 1 --base 0ae633c] [--skip base,trl]
                                          [--overrides "model.device=cuda ..."]
+                                         [--new-overrides "trainer.sampling.mixed_batches=true ..."]
+
+``--new-overrides`` go to this checkout's rows only: a setting the base commit does not know,
+measured against it.
 """
 from __future__ import annotations
 
@@ -165,6 +169,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="rows to leave out: base, bf16, trl")
     parser.add_argument("--overrides", default="", help="more palestra-train overrides for every row, e.g. the "
                         "GPU check's 358M shape (bench/gpu_check.sh realjob)")
+    parser.add_argument("--new-overrides", default="", help="overrides for this checkout's rows only")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     common = [f"trainer.steps={args.steps}", f"eval.tasks_per_level={args.eval_tasks}", *args.overrides.split()]
@@ -174,12 +179,13 @@ def main() -> None:
     try:
         if "base" not in skip:
             rows.append(run_palestra("base", base_worktree(args.base, workdir), common, workdir))
-        rows.append(run_palestra("new", ROOT, common, workdir))
+        new = common + args.new_overrides.split()
+        rows.append(run_palestra("new", ROOT, new, workdir))
         if "bf16" not in skip and cpu_bf16():
-            rows.append(run_palestra("new, bf16", ROOT, common + ["model.dtype=bfloat16"], workdir))
+            rows.append(run_palestra("new, bf16", ROOT, new + ["model.dtype=bfloat16"], workdir))
         if "trl" not in skip:
             single = [f"domains=[{','.join(SINGLE_TURN)}]", "trainer.sampling.dynamic_sampling=false"]
-            rows.append(run_palestra("single-turn", ROOT, common + single, workdir))
+            rows.append(run_palestra("single-turn", ROOT, new + single, workdir))
             rows.append(run_trl(args.steps, workdir))
     finally:
         if (workdir / "base-code").exists():

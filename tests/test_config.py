@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from trainer.app import CONF_DIR, config_groups, to_config
-from trainer.config import ConfigError, check_override_keys, validate_config
+from trainer.config import ConfigError, TrainerConfig, check_override_keys, validate_config
 
 # The training app's groups: those its defaults list names (conf/sim belongs to palestra-sim, and
 # conf/experiment holds one preset for each app; both are composed by their own tests).
@@ -258,3 +258,11 @@ def test_the_smollm2_preset_composes_to_the_real_model_asked_in_words():
     assert config.model.type == "smollm2" and config.model.domain_options() == {"prompt_style": "chat"}
     assert len(config.domains) == 8 and config.sft.steps == 0 and config.trainer.loss.beta == 0.0
     assert config.policy.type == "uniform" and config.trainer.steps == 20
+
+
+def test_mixed_batches_and_oversampling_refuse_what_they_cannot_do():
+    with pytest.raises(ValueError, match="mixed_batches needs the trainer's own sampler"):
+        TrainerConfig(sampling={"mixed_batches": True, "rollout_backend": "captured"})
+    with pytest.raises(ValueError, match="oversample > 1 draws extra groups for dynamic sampling"):
+        TrainerConfig(sampling={"oversample": 2, "dynamic_sampling": False})
+    assert TrainerConfig(sampling={"mixed_batches": True, "oversample": 2}).sampling.oversample == 2

@@ -316,3 +316,57 @@ def test_a_pool_broken_at_the_final_evaluation_keeps_the_trained_steps_in_a_chec
     finally:
         recipe.cleanup()
     assert (tmp_path / "run" / "checkpoints" / "step-0000002" / "trainer_state.pt").exists()
+
+
+def test_an_oversampled_round_trains_the_planned_share_first():
+    import random
+    from types import SimpleNamespace
+
+    from domains.api import Task
+    from trainer.batch import StepBatch, planned_first
+
+    def group(domain, rewards):
+        return Task(domain=domain, level=1, prompt="q", payload={}), rewards
+
+    # twice the plan {a: 2, b: 1, c: 1}: three varied a groups, two varied b, no varied c
+    groups = [group("a", [0, 1]), group("a", [1, 1]), group("a", [0, 1]), group("a", [1, 0]),
+              group("b", [0, 1]), group("b", [1, 0]), group("c", [0, 0]), group("c", [1, 1])]
+    batch = StepBatch(tasks=[t for t, _ in groups], group_size=2, rollout=None, texts=[],
+                      verdicts=[SimpleNamespace(result=SimpleNamespace(reward=r)) for _, rs in groups for r in rs])
+    counts = {("a", 1): 2, ("b", 1): 1, ("c", 1): 1}
+    kept = planned_first(batch, counts, 4, random.Random(0))
+    assert len(kept) == 4 and {0, 2, 4} <= set(kept)  # a's two and b's one as planned, then one of the rest
+    assert set(kept) - {0, 2, 4} <= {3, 5}
+    # when the varied groups fit the step, all of them train, as without oversampling
+    assert planned_first(batch, counts, 8, random.Random(0)) == [0, 2, 3, 4, 5]
+
+
+def test_mixed_batches_and_oversampling_train_every_kind_in_one_round(tmp_path, plugin_package, monkeypatch):
+    import trainer.collect
+
+    config = tiny_config(tmp_path, domains=["digit_variety", "arithmetic", "tool_calculator"],
+                         policy={"type": "uniform"}, sft={"steps": 1},
+                         trainer={"steps": 1, "max_episode_tokens": 60, "dynamic_sampling": True, "oversample": 2,
+                                  "max_refill_rounds": 0, "mixed_batches": True, "rollout_batch_size": 32})
+    batches = []
+    sample_rows = trainer.collect.sample_rows
+
+    def counted(model, tokenizer, rows, domains, **kwargs):
+        batches.append(sorted({task.domain for task in rows}))
+        return sample_rows(model, tokenizer, rows, domains, **kwargs)
+
+    monkeypatch.setattr(trainer.collect, "sample_rows", counted)
+    recipe = GRPORecipe(config)
+    try:
+        recipe.setup()
+        recipe.train_step(1)
+    finally:
+        recipe.cleanup()
+    # one generation batch held the first round's rows of every kind: 2 x 4 prompts x 4 completions
+    assert batches == [["arithmetic", "digit_variety", "tool_calculator"]]
+    with StatsStore(f"sqlite:///{tmp_path / 'run' / 'palestra.db'}") as store:
+        [run] = store.runs()
+        rows = store.results(run["id"], step=1)
+    assert len(rows) == 2 * 4 * 4
+    trained = {r["group_index"] for r in rows if r["advantage"] != 0.0}
+    assert 0 < len(trained) <= 4  # the step trains on at most its planned number of groups

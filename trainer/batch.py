@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import random
 from collections import Counter
 from dataclasses import dataclass
 
@@ -90,13 +91,18 @@ def _repad(r: Rollout, width: int, length: int, pad_id: int) -> Rollout:
     )
 
 
-def generation_chunks(tasks: list[Task], size: int, domains: dict[str, Domain]) -> list[tuple[int, list[Task]]]:
-    """(position of the first task, tasks) for generation batches of at most ``size`` tasks of one
-    rollout kind; ``tasks`` come in runs of one kind, so each run starts where the previous one ended."""
+def generation_chunks(tasks: list[Task], size: int, domains: dict[str, Domain],
+                      mixed: bool = False) -> list[tuple[int, list[Task]]]:
+    """(position of the first task, tasks) for generation batches of at most ``size`` tasks, each of
+    one rollout kind, or with ``mixed`` of any kinds (trainer.sampling.mixed_batches); ``tasks`` come
+    in runs of one kind, so each run starts where the previous one ended."""
+    runs = by_rollout(tasks, domains)
+    if mixed:
+        runs = [[task for run in runs for task in run]]
     chunks, start = [], 0
-    for kind in by_rollout(tasks, domains):
-        chunks += [(start + first, kind[first:first + size]) for first in range(0, len(kind), size)]
-        start += len(kind)
+    for run in runs:
+        chunks += [(start + first, run[first:first + size]) for first in range(0, len(run), size)]
+        start += len(run)
     return chunks
 
 
@@ -116,6 +122,22 @@ def rollout_on_cpu(r: Rollout) -> Rollout:
 def varied_groups(batch: StepBatch) -> list[int]:
     """The groups whose completions did not all earn the same reward: what dynamic sampling keeps."""
     return [p for p, flat in enumerate(batch.zero_variance().tolist()) if not flat]
+
+
+def planned_first(batch: StepBatch, counts: dict[tuple[str, int], int], total: int, rng: random.Random) -> list[int]:
+    """The varied groups that train, at most ``total``: all of them when they fit; otherwise (an
+    oversampled round) each (domain, level)'s planned number first, so the trained share follows
+    the plan wherever it can, and a draw from the others for what is left."""
+    varied = varied_groups(batch)
+    if len(varied) <= total:
+        return varied
+    room, planned, rest = Counter(counts), [], []
+    for p in varied:
+        slot = (batch.tasks[p].domain, batch.tasks[p].level)
+        (planned if room[slot] > 0 else rest).append(p)
+        room[slot] -= 1
+    planned = planned[:total]
+    return sorted(planned + rng.sample(rest, min(total - len(planned), len(rest))))
 
 
 def shrink_counts(counts: Counter, total: int) -> dict[tuple[str, int], int]:

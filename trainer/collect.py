@@ -20,7 +20,8 @@ from curriculum.steps import Group
 from curriculum.types import Plan
 from domains.api import Domain, Task
 from domains.verify.pool import Pool
-from trainer.batch import StepBatch, chunk_seed, concat, generation_chunks, rollout_on_cpu, shrink_counts, varied_groups
+from trainer.batch import (StepBatch, chunk_seed, concat, generation_chunks, planned_first, rollout_on_cpu, shrink_counts,
+                           varied_groups)
 from trainer.config import TrainerConfig
 from trainer.distributed import SharedCurriculum, World
 from trainer.episodes import by_rollout, sample_rows
@@ -64,9 +65,14 @@ class RolloutCollector:
         agree are left out and replaced, in up to ``max_refill_rounds`` rounds, by groups drawn in the
         plan's own proportions of (domain, level)."""
         t = self.settings
-        generated = [self.collect(curriculum.draw(plan.counts, step=plan.step), timer, (plan.step, 0))]
+        # oversampling draws k times the plan's prompts at once: on a CPU a bigger first batch costs
+        # less than the refill rounds it saves, each of which decodes again from the start
+        counts = {slot: n * t.sampling.oversample for slot, n in plan.counts.items()}
+        generated = [self.collect(curriculum.draw(counts, step=plan.step), timer, (plan.step, 0))]
         everything = list(range(len(generated[0].tasks)))
-        kept = [(0, p) for p in (varied_groups(generated[0]) if t.sampling.dynamic_sampling else everything)]
+        first = planned_first(generated[0], plan.counts, t.prompts_per_step,
+                              random.Random(f"oversample/{self.seed}/{plan.step}"))
+        kept = [(0, p) for p in (first if t.sampling.dynamic_sampling else everything)]
         for refill_round in range(1, 1 + (t.sampling.max_refill_rounds if t.sampling.dynamic_sampling else 0)):
             missing = t.prompts_per_step - len(kept)
             if missing <= 0:
@@ -96,7 +102,7 @@ class RolloutCollector:
         sampled = []  # (tasks, rollout, texts, verdict futures) per chunk
         start = time.perf_counter()
         self.model.eval()
-        for first, chunk in generation_chunks(tasks[lo:hi], per_chunk, self.domains):
+        for first, chunk in generation_chunks(tasks[lo:hi], per_chunk, self.domains, t.sampling.mixed_batches):
             rows = [task for task in chunk for _ in range(t.group_size)]
             noise = torch.Generator(device=self.device).manual_seed(chunk_seed(self.seed, *seed_key, lo + first))
             with self.autocast():

@@ -114,6 +114,10 @@ class SamplingConfig(Strict):
     rollout_batch_size: int = Field(128, gt=0)  # sequences generated together
     dynamic_sampling: bool = True  # drop groups whose rewards all agree and refill (DAPO)
     max_refill_rounds: int = Field(2, ge=0)  # cap on extra generation for dynamic sampling
+    # dynamic sampling's first round draws this many times the plan's prompts, in its proportions;
+    # the step trains on each (domain, level)'s planned number of varied groups first, and refills
+    # only what is still missing (trainer/collect.py)
+    oversample: int = Field(1, ge=1)
     # hf: the trainer's own KV-cached sampler; captured: the same with a static KV cache and its
     # decode step recorded as a CUDA graph (trainer/decode.py; runs eagerly, and slower, on the CPU);
     # auto: hf for now (captured on CUDA once it has run there: docs/gpu.md); vllm: a colocated vLLM
@@ -121,6 +125,11 @@ class SamplingConfig(Strict):
     rollout_backend: Literal["auto", "hf", "captured", "vllm"] = "auto"
     episode_cache: bool = True  # hf: a tool episode's next turn continues its keys and values (the
     # transcript is not encoded again); false re-encodes it every turn, as the captured and vLLM samplers do
+    # one generation batch for rows of every kind (single completions with their own budgets, tool
+    # episodes turn by turn) instead of one batch per kind after another: on a CPU a decoding step
+    # costs nearly as much for 8 rows as for 32, so a step takes its longest kind's time, not the sum
+    # (trainer/episodes.py). Changes which rows share a batch, so seeded runs sample other tokens.
+    mixed_batches: bool = False
     sync_every: int = Field(8, gt=0)  # captured: tokens between the host's looks at the finished rows
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
 
@@ -214,6 +223,20 @@ class TrainerConfig(Strict):
         for key in sorted(data.keys() & (FLAT_KEYS.keys() | RETIRED_KEYS)):
             print(f"note: {_flat_key_note(key)}", file=sys.stderr)
         return regroup_trainer(data)
+
+    @model_validator(mode="after")
+    def _oversampling_needs_dynamic_sampling(self) -> "TrainerConfig":
+        if self.sampling.oversample > 1 and not self.sampling.dynamic_sampling:
+            raise ValueError("trainer.sampling.oversample > 1 draws extra groups for dynamic sampling to choose "
+                             "from: set trainer.sampling.dynamic_sampling=true or oversample=1")
+        return self
+
+    @model_validator(mode="after")
+    def _mixed_batches_sample_eagerly(self) -> "TrainerConfig":
+        if self.sampling.mixed_batches and self.sampling.rollout_backend in ("vllm", "captured"):
+            raise ValueError("trainer.sampling.mixed_batches needs the trainer's own sampler, which takes a token "
+                             "budget and a stop text per row: set trainer.sampling.rollout_backend=hf (or auto)")
+        return self
 
     @model_validator(mode="after")
     def _fsdp_samples_itself(self) -> "TrainerConfig":
