@@ -260,9 +260,7 @@ def test_the_smollm2_preset_composes_to_the_real_model_asked_in_words():
     assert config.policy.type == "uniform" and config.trainer.steps == 20
 
 
-def test_mixed_batches_and_oversampling_refuse_what_they_cannot_do():
-    with pytest.raises(ValueError, match="mixed_batches needs the trainer's own sampler"):
-        TrainerConfig(sampling={"mixed_batches": True, "rollout_backend": "captured"})
+def test_oversampling_needs_dynamic_sampling():
     with pytest.raises(ValueError, match="oversample > 1 draws extra groups for dynamic sampling"):
         TrainerConfig(sampling={"oversample": 2, "dynamic_sampling": False})
-    assert TrainerConfig(sampling={"mixed_batches": True, "oversample": 2}).sampling.oversample == 2
+    assert TrainerConfig(sampling={"oversample": 2}).sampling.oversample == 2

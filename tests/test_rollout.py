@@ -194,33 +194,3 @@ def test_finished_rows_leave_the_batch_without_changing_the_draws(tiny, monkeypa
     assert min(leaving_rows) < len(prompts) and set(staying_rows) == {len(prompts)}  # ... and left the batch
     assert torch.equal(leaving.sequences, staying.sequences)
     assert torch.equal(leaving.completion_mask, staying.completion_mask)
-
-
-def test_each_row_decodes_to_its_own_budget(tiny):
-    # a budget per row: each row's tokens are the first ones it samples with the largest budget (the
-    # draws are made for every row), and a row cut at its budget is truncated there
-    model, tok = tiny
-    prompts = _prompts(tok) * 2
-    budgets = [3, 30, 7, 30, 1, 12]
-    kwargs = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=1.0)
-    each = generate(model, prompts, max_new_tokens=budgets, generator=torch.Generator().manual_seed(3), **kwargs)
-    one = generate(model, prompts, max_new_tokens=30, generator=torch.Generator().manual_seed(3), **kwargs)
-    for row, budget in enumerate(budgets):
-        length = int(one.completion_mask[row].sum())
-        assert int(each.completion_mask[row].sum()) == min(length, budget)
-        assert each.completion_ids[row] == one.completion_ids[row][:budget]
-        assert bool(each.truncated[row]) == (bool(one.truncated[row]) or length > budget)
-    assert each.truncated[4] and each.completion_mask[4].sum() == 1
-
-
-def test_each_row_stops_at_its_own_stop_text(tiny):
-    model, tok = tiny
-    prompts = _prompts(tok)
-    kwargs = dict(max_new_tokens=12, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=0.0)
-    free = generate(model, prompts, **kwargs)
-    # each row's stop text is the first two tokens it writes on its own: a row ends there, or never
-    stops = [StopText(tok, tok.decode(free.completion_tokens[row, :2].tolist())) for row in range(len(prompts))]
-    each = generate(model, prompts, stop=[stops[0], None, stops[2]], **kwargs)
-    assert each.completion_ids[0] == free.completion_ids[0][:2] and not each.truncated[0]
-    assert each.completion_ids[1] == free.completion_ids[1]  # no stop text: as free as before
-    assert each.completion_ids[2] == free.completion_ids[2][:2]

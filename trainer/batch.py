@@ -91,18 +91,13 @@ def _repad(r: Rollout, width: int, length: int, pad_id: int) -> Rollout:
     )
 
 
-def generation_chunks(tasks: list[Task], size: int, domains: dict[str, Domain],
-                      mixed: bool = False) -> list[tuple[int, list[Task]]]:
-    """(position of the first task, tasks) for generation batches of at most ``size`` tasks, each of
-    one rollout kind, or with ``mixed`` of any kinds (trainer.sampling.mixed_batches); ``tasks`` come
-    in runs of one kind, so each run starts where the previous one ended."""
-    runs = by_rollout(tasks, domains)
-    if mixed:
-        runs = [[task for run in runs for task in run]]
+def generation_chunks(tasks: list[Task], size: int, domains: dict[str, Domain]) -> list[tuple[int, list[Task]]]:
+    """(position of the first task, tasks) for generation batches of at most ``size`` tasks of one
+    rollout kind; ``tasks`` come in runs of one kind, so each run starts where the previous one ended."""
     chunks, start = [], 0
-    for run in runs:
-        chunks += [(start + first, run[first:first + size]) for first in range(0, len(run), size)]
-        start += len(run)
+    for kind in by_rollout(tasks, domains):
+        chunks += [(start + first, kind[first:first + size]) for first in range(0, len(kind), size)]
+        start += len(kind)
     return chunks
 
 

@@ -102,7 +102,7 @@ class RolloutCollector:
         sampled = []  # (tasks, rollout, texts, verdict futures) per chunk
         start = time.perf_counter()
         self.model.eval()
-        for first, chunk in generation_chunks(tasks[lo:hi], per_chunk, self.domains, t.sampling.mixed_batches):
+        for first, chunk in generation_chunks(tasks[lo:hi], per_chunk, self.domains):
             rows = [task for task in chunk for _ in range(t.group_size)]
             noise = torch.Generator(device=self.device).manual_seed(chunk_seed(self.seed, *seed_key, lo + first))
             with self.autocast():

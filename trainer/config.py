@@ -125,11 +125,6 @@ class SamplingConfig(Strict):
     rollout_backend: Literal["auto", "hf", "captured", "vllm"] = "auto"
     episode_cache: bool = True  # hf: a tool episode's next turn continues its keys and values (the
     # transcript is not encoded again); false re-encodes it every turn, as the captured and vLLM samplers do
-    # one generation batch for rows of every kind (single completions with their own budgets, tool
-    # episodes turn by turn) instead of one batch per kind after another: on a CPU a decoding step
-    # costs nearly as much for 8 rows as for 32, so a step takes its longest kind's time, not the sum
-    # (trainer/episodes.py). Changes which rows share a batch, so seeded runs sample other tokens.
-    mixed_batches: bool = False
     sync_every: int = Field(8, gt=0)  # captured: tokens between the host's looks at the finished rows
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
 
@@ -229,13 +224,6 @@ class TrainerConfig(Strict):
         if self.sampling.oversample > 1 and not self.sampling.dynamic_sampling:
             raise ValueError("trainer.sampling.oversample > 1 draws extra groups for dynamic sampling to choose "
                              "from: set trainer.sampling.dynamic_sampling=true or oversample=1")
-        return self
-
-    @model_validator(mode="after")
-    def _mixed_batches_sample_eagerly(self) -> "TrainerConfig":
-        if self.sampling.mixed_batches and self.sampling.rollout_backend in ("vllm", "captured"):
-            raise ValueError("trainer.sampling.mixed_batches needs the trainer's own sampler, which takes a token "
-                             "budget and a stop text per row: set trainer.sampling.rollout_backend=hf (or auto)")
         return self
 
     @model_validator(mode="after")

@@ -4,11 +4,6 @@ All live episodes of a batch generate together; a turn ends at end-of-turn (EOS)
 tool call. The environment's response is appended as a tool message and masked out of the loss
 (the policy did not choose those tokens). The transcript — the assistant turns and tool messages
 after the prompt, as JSON — is what the verifier sees; it re-executes the calls itself.
-
-A batch may also hold single-turn rows (math, code), played as one-turn episodes with their own
-token budget and no stop text: then one batch decodes a step's rows of every kind together
-(``trainer.sampling.mixed_batches``), which on a CPU, where a decoding step costs nearly as much
-for 8 rows as for 32, takes the time of the longest kind instead of the sum of all kinds.
 """
 from __future__ import annotations
 
@@ -19,17 +14,13 @@ import torch
 
 from domains.api import Domain, Task
 from trainer.models import encode_prompt, end_token_ids
-from trainer.rollout import Rollout, Sampler, StopText, assemble, generate, left_pad, stop_text
+from trainer.rollout import Rollout, Sampler, assemble, generate, left_pad, stop_text
 
 
 @dataclass
 class Episode:
     task: Task
     prompt: list[int]
-    budget: int  # tokens one turn may take
-    total: int  # tokens the whole episode may take (a single completion: its budget)
-    stop: StopText | None = None  # ends a turn at a tool call; None for a single completion
-    env: object | None = None  # the tool environment; None for a single completion
     tokens: list[int] = field(default_factory=list)  # everything after the prompt
     policy_mask: list[int] = field(default_factory=list)  # 1 where the policy chose the token
     messages: list[dict] = field(default_factory=list)
@@ -37,22 +28,6 @@ class Episode:
     turns: int = 0
     done: bool = False
     truncated: bool = False
-
-    def text(self) -> str:
-        """What the verifier reads: a tool episode's transcript as JSON, a single completion's text."""
-        return json.dumps(self.messages) if self.env is not None else self.messages[0]["content"]
-
-
-def new_episode(task: Task, domain: Domain, tokenizer, *, max_new_tokens: int, max_total_tokens: int) -> Episode:
-    """A task's episode, sized by its domain's options: its own ``max_new_tokens`` when set, and for
-    a tool domain its stop text, turns and environment."""
-    budget = domain.config.max_new_tokens or max_new_tokens
-    prompt = encode_prompt(tokenizer, task.prompt)
-    if not domain.multi_turn:
-        return Episode(task, prompt, budget=budget, total=budget)
-    return Episode(task, prompt, budget=budget, total=max_total_tokens, env=domain.environment(task),
-                   stop=stop_text(tokenizer, domain.stop_text) if domain.stop_text else None,
-                   max_turns=domain.config.max_turns)
 
 
 def tool_message_tokens(tokenizer, content: str) -> list[int]:
@@ -73,20 +48,21 @@ def run_episodes(
     max_total_tokens: int, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None,
     sampler: Sampler = generate, keep_cache: bool = True,
 ) -> tuple[Rollout, list[str]]:
-    """Play one episode per task (repeat a task G times for a group); returns the rollout and what
-    the verifier reads (a tool episode's JSON transcript, a single completion's text), row for row.
-    A turn ends at end-of-turn, at the row's ``stop_text`` or at its budget: ``max_new_tokens``,
-    unless the row's domain sets its own. Rows of several kinds need the trainer's own sampler,
-    which takes a budget and a stop text per row.
+    """Play one episode per task (repeat a task G times for a group); returns the rollout and the
+    JSON transcripts, row for row. A turn ends at end-of-turn or at the domains' ``stop_text``, which
+    the tasks' domains must share (``by_rollout`` groups them so).
 
     With ``keep_cache`` and the trainer's own sampler, each turn continues the episodes' keys and
     values: only the tool's answer (and the turn's last token) is encoded for the next turn, not
     the whole transcript. Other samplers re-encode it (vLLM caches prefixes itself)."""
-    episodes = [new_episode(t, domains[t.domain], tokenizer, max_new_tokens=max_new_tokens,
-                            max_total_tokens=max_total_tokens) for t in tasks]
-    if sampler is not generate and len({(e.budget, e.stop) for e in episodes}) > 1:
-        raise ValueError("rows of several kinds decode together only with the trainer's own sampler "
-                         "(trainer.sampling.rollout_backend=hf)")
+    ends = {domains[t.domain].stop_text for t in tasks}
+    if len(ends) > 1:
+        raise ValueError(f"one batch of episodes needs one stop text, not {sorted(map(repr, ends))}")
+    end = ends.pop() if ends else None
+    episodes = [Episode(t, encode_prompt(tokenizer, t.prompt), max_turns=domains[t.domain].config.max_turns)
+                for t in tasks]
+    envs = [domains[t.domain].environment(t) for t in tasks]
+    stop = stop_text(tokenizer, end) if end else None
     eos = end_token_ids(model, tokenizer)
     carry = keep_cache and sampler is generate
     context, played = None, []  # the rows the context holds: the episodes of the last turn
@@ -97,28 +73,21 @@ def run_episodes(
         if context is not None:
             row_of = {episode: row for row, episode in enumerate(played)}
             context = context.select([row_of[i] for i in live])
-        # a tool turn's budget is sized for the roomiest episode; _advance ends each at its own room
-        roomiest = max(episodes[i].total - len(episodes[i].tokens) for i in live)
-        budgets = [max(1, min(episodes[i].budget, roomiest)) for i in live]
-        stops = [episodes[i].stop for i in live]
-        turn = sampler(model, [episodes[i].prompt + episodes[i].tokens for i in live],
-                       max_new_tokens=_one_or_each(budgets), eos_id=eos, pad_id=tokenizer.pad_token_id,
-                       temperature=temperature, top_p=top_p, generator=generator, stop=_one_or_each(stops),
-                       **(dict(context=context, keep_context=True) if carry else {}))
+        # one budget for the batch, sized for its roomiest episode; _advance ends each episode at its own
+        budget = max(1, min(max_new_tokens, max(max_total_tokens - len(episodes[i].tokens) for i in live)))
+        turn = sampler(model, [episodes[i].prompt + episodes[i].tokens for i in live], max_new_tokens=budget,
+                       eos_id=eos, pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
+                       generator=generator, stop=stop, **(dict(context=context, keep_context=True) if carry else {}))
         context, played = turn.context, live
         lengths = turn.completion_mask.sum(dim=1).tolist()
         for row, i in enumerate(live):
-            _advance(episodes[i], turn, row, lengths[row], tokenizer, eos)
-    return _to_rollout(episodes, tokenizer.pad_token_id), [e.text() for e in episodes]
+            _advance(episodes[i], envs[i], turn, row, lengths[row], tokenizer, max_total_tokens, eos)
+    return _to_rollout(episodes, tokenizer.pad_token_id), [json.dumps(e.messages) for e in episodes]
 
 
-def _one_or_each(values: list):
-    """One value when every row has it (what every sampler takes), else the list of them."""
-    return values[0] if all(v == values[0] for v in values) else values
-
-
-def _advance(ep: Episode, turn: Rollout, row: int, length: int, tokenizer, ends: tuple[int, ...]) -> None:
-    room = ep.total - len(ep.tokens)
+def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, max_total_tokens: int,
+             ends: tuple[int, ...]) -> None:
+    room = max_total_tokens - len(ep.tokens)
     over = length > room  # the turn ran past this episode's own token budget: cut it there
     chosen = turn.completion_tokens[row, :min(length, room)].tolist()
     ep.tokens += chosen
@@ -126,11 +95,8 @@ def _advance(ep: Episode, turn: Rollout, row: int, length: int, tokenizer, ends:
     text = tokenizer.decode(chosen if over else turn.completion_ids[row], skip_special_tokens=False)
     ep.messages.append({"role": "assistant", "content": text})
     ep.turns += 1
-    if ep.env is None:  # a single completion: one turn, truncated when it never ended
-        ep.done, ep.truncated = True, over or bool(turn.truncated[row])
-        return
-    result = ep.env.step(text)
-    if over or bool(turn.truncated[row]) or len(ep.tokens) >= ep.total:
+    result = env.step(text)
+    if over or bool(turn.truncated[row]) or len(ep.tokens) >= max_total_tokens:
         ep.done, ep.truncated = True, True
         return
     if result.done or result.observation is None or ep.turns >= ep.max_turns:
@@ -144,7 +110,7 @@ def _advance(ep: Episode, turn: Rollout, row: int, length: int, tokenizer, ends:
     response = tool_message_tokens(tokenizer, result.observation)
     ep.tokens += response
     ep.policy_mask += [0] * len(response)
-    if len(ep.tokens) >= ep.total:
+    if len(ep.tokens) >= max_total_tokens:
         ep.done, ep.truncated = True, True
 
 
@@ -168,14 +134,14 @@ def sample_rows(
     max_episode_tokens: int, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None,
     sampler: Sampler = generate, keep_cache: bool = True,
 ) -> tuple[Rollout, list[str]]:
-    """One completion per row: a single generation, or a whole episode for tool domains; the rows'
-    domains' own ``max_new_tokens`` option, when set, replaces the trainer's budget. Rows of one
-    single-turn kind (see ``by_rollout``) go straight to the sampler; tool episodes, and rows of
-    several kinds together, are played by ``run_episodes``."""
+    """One completion per row: a single generation, or a whole episode for tool domains.
+
+    ``rows`` must share one rollout kind (see ``by_rollout``); their domains' own ``max_new_tokens``
+    option, when set, replaces the trainer's budget."""
     domain = domains[rows[0].domain]
     budget = domain.config.max_new_tokens or max_new_tokens
-    if domain.multi_turn or len(by_rollout(rows, domains)) > 1:
-        return run_episodes(model, tokenizer, rows, domains, max_new_tokens=max_new_tokens,
+    if domain.multi_turn:
+        return run_episodes(model, tokenizer, rows, domains, max_new_tokens=budget,
                             max_total_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
                             generator=generator, sampler=sampler, keep_cache=keep_cache)
     rollout = sampler(model, [encode_prompt(tokenizer, t.prompt) for t in rows], max_new_tokens=budget,

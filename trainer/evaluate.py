@@ -10,8 +10,7 @@ from domains.api import Domain, Task
 from domains.verify.pool import Pool
 from domains.registry import DomainError
 from trainer.config import EvalConfig, SamplingConfig
-from trainer.batch import generation_chunks
-from trainer.episodes import sample_rows
+from trainer.episodes import by_rollout, sample_rows
 from trainer.rollout import Sampler, generate
 
 
@@ -35,7 +34,7 @@ def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list
 def evaluate(
     model: torch.nn.Module, tokenizer, tasks: list[Task], pool: Pool, *,
     max_new_tokens: int, max_episode_tokens: int = 256, temperature: float = 0.0, batch_size: int = 64, seed: int = 0,
-    samples: int = 1, sampler: Sampler = generate, mixed: bool = False,
+    samples: int = 1, sampler: Sampler = generate,
 ) -> Hits:
     """Each task's success, grouped by (domain, level) in the order of ``tasks``: 0 or 1, or with
     ``samples`` > 1 the share of that many completions that succeed (sampled pass@1, the way RLVR
@@ -45,13 +44,14 @@ def evaluate(
     futures, ordered = [], []
     draws = [task for task in tasks for _ in range(samples)]
     model.eval()
-    # chunks keep the order within a kind: a task's copies stay together
-    for _, chunk in generation_chunks(draws, batch_size, pool.domains, mixed):
-        _, texts = sample_rows(model, tokenizer, chunk, pool.domains, max_new_tokens=max_new_tokens,
-                               max_episode_tokens=max_episode_tokens, temperature=temperature, generator=generator,
-                               sampler=sampler)
-        futures += [pool.submit(task, text) for task, text in zip(chunk, texts)]
-        ordered += chunk
+    for kind in by_rollout(draws, pool.domains):  # keeps order within a kind: a task's copies stay together
+        for start in range(0, len(kind), batch_size):
+            chunk = kind[start:start + batch_size]
+            _, texts = sample_rows(model, tokenizer, chunk, pool.domains, max_new_tokens=max_new_tokens,
+                                   max_episode_tokens=max_episode_tokens, temperature=temperature, generator=generator,
+                                   sampler=sampler)
+            futures += [pool.submit(task, text) for task, text in zip(chunk, texts)]
+            ordered += chunk
     model.train()
     correct = [float(future.result().result.correct) for future in futures]
     pool.raise_if_broken()
@@ -76,7 +76,7 @@ class HeldoutEvaluation:
         hits = evaluate(model, tokenizer, self.tasks, pool, max_new_tokens=self.sampling.max_new_tokens,
                         max_episode_tokens=self.sampling.max_episode_tokens, temperature=self.cfg.temperature,
                         batch_size=self.sampling.rollout_batch_size, seed=self.cfg.seed, samples=self.cfg.samples,
-                        sampler=sampler, mixed=self.sampling.mixed_batches)
+                        sampler=sampler)
         if keep:
             self.hits[keep] = hits
         return summarise(hits)

@@ -137,21 +137,20 @@ def generate(
     model: torch.nn.Module,
     prompts: list[list[int]],
     *,
-    max_new_tokens: int | Sequence[int],
+    max_new_tokens: int,
     eos_id: int | Sequence[int],
     pad_id: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
-    stop: StopText | Sequence[StopText | None] | None = None,
+    stop: StopText | None = None,
     share_prefill: bool = True,
     context: Context | None = None,
     keep_context: bool = False,
 ) -> Rollout:
     """Sample until an end token (``eos_id``: one, or all a model's generation config names), the
-    ``stop`` text (e.g. a closing tool-call tag) or the budget; ``max_new_tokens`` and ``stop`` are
-    one for all rows or one per row, so rows of several kinds can decode together. Rows with the
-    same prompt (a group's G completions) share one prefill unless ``share_prefill`` is off.
+    ``stop`` text (e.g. a closing tool-call tag) or the budget. Rows with the same prompt (a
+    group's G completions) share one prefill unless ``share_prefill`` is off.
 
     With ``context`` (rows aligned with ``prompts``) only the tokens of each prompt past what the
     context holds are encoded, and the rollout's prompt part is those new tokens; with
@@ -170,10 +169,8 @@ def generate(
     else:
         ids, prompt_mask, logits = extend(model, context, prompts, pad_id)
         kv, mask = context.kv, torch.cat([context.mask, prompt_mask], dim=1)
-    budgets = torch.tensor(max_new_tokens if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts),
-                           dtype=torch.long, device=device)
-    decoded = _decode(model, kv, mask, logits, end_ids, pad_id, budgets, temperature, top_p, generator,
-                      _stops_by_row(stop, len(prompts), device), compact=not keep_context)
+    decoded = _decode(model, kv, mask, logits, end_ids, pad_id, max_new_tokens, temperature, top_p, generator, stop,
+                      compact=not keep_context)
     rollout = assemble(ids, prompt_mask, decoded.completion, decoded.lengths, decoded.finished, eos_id)
     if keep_context:
         rollout.context = _carried(decoded, prompt_mask, context)
@@ -189,45 +186,33 @@ class _Decoded:
     mask: torch.Tensor  # [B, S] the cache's columns (without compaction)
 
 
-def _stops_by_row(stop: StopText | Sequence[StopText | None] | None, rows: int,
-                  device: torch.device) -> list[tuple[StopText, torch.Tensor]]:
-    """Each distinct stop text with the rows [B] (bool) it ends."""
-    per_row = list(stop) if isinstance(stop, Sequence) else [stop] * rows
-    return [(text, torch.tensor([s is text for s in per_row], device=device))
-            for text in dict.fromkeys(s for s in per_row if s is not None)]
-
-
 def _decode(model: torch.nn.Module, kv: Cache, mask: torch.Tensor, logits: torch.Tensor, end_ids: torch.Tensor,
-            pad_id: int, budgets: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
-            stops: list[tuple[StopText, torch.Tensor]], compact: bool) -> _Decoded:
-    """The sampling loop from the prompts' next-token ``logits`` [B, V], each row up to its own
-    budget (``budgets`` [B]). The cache holds the rows in ``live``; sampling always draws for all B
-    rows (a finished row's draw is thrown away), so the generator's stream does not depend on when
-    rows leave."""
+            pad_id: int, max_new_tokens: int, temperature: float, top_p: float, generator: torch.Generator | None,
+            stop: StopText | None, compact: bool) -> _Decoded:
+    """The sampling loop from the prompts' next-token ``logits`` [B, V]. The cache holds the rows
+    in ``live``; sampling always draws for all B rows (a finished row's draw is thrown away), so
+    the generator's stream does not depend on when rows leave."""
     batch, device = logits.shape[0], logits.device
     cache = {cache_keyword(model): kv}
     live = torch.arange(batch, device=device)  # the full batch's rows that the cache holds
     next_pos = positions(mask)[:, -1] + 1  # [live]
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)  # ended within the budget
-    done = finished  # ended, or out of budget
-    lengths = budgets.clone()
-    longest = int(budgets.max())
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
     generated: list[torch.Tensor] = []
-    for t in range(longest):
+    for t in range(max_new_tokens):
         token = sample_next(logits, temperature, top_p, generator)
-        token = torch.where(done, torch.full_like(token, pad_id), token)
+        token = torch.where(finished, torch.full_like(token, pad_id), token)
         generated.append(token)
         ends = torch.isin(token, end_ids)
-        for text, rows in stops:
-            ends |= text.hits(generated, rows & ~done)
-        newly = ends & ~done
+        if stop is not None:
+            ends |= stop.hits(generated, ~finished)
+        newly = ends & ~finished
         lengths = torch.where(newly, torch.full_like(lengths, t + 1), lengths)
-        finished = finished | newly
-        done = finished | (budgets <= t + 1)
-        if bool(done.all()) or len(generated) == longest:
+        finished |= newly
+        if bool(finished.all()) or len(generated) == max_new_tokens:
             break
-        if compact and int(done[live].sum()) >= max(1, COMPACT_SHARE * len(live)):
-            keep = (~done[live]).nonzero().flatten()
+        if compact and int(finished[live].sum()) >= max(1, COMPACT_SHARE * len(live)):
+            keep = (~finished[live]).nonzero().flatten()
             kv.reorder_cache(keep)
             live, mask, next_pos = live[keep], mask[keep], next_pos[keep]
         mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=device)], dim=1)
