@@ -20,7 +20,7 @@ them with each other, not with another day's.
 
     .venv/bin/python bench/real_model.py [--steps 2 --eval-tasks 1 --base 0ae633c] [--skip base,trl]
                                          [--overrides "model.device=cuda ..."]
-                                         [--new-overrides "trainer.sampling.mixed_batches=true ..."]
+                                         [--new-overrides "trainer.sampling.oversample=2 ..."]
 
 ``--new-overrides`` go to this checkout's rows only: a setting the base commit does not know,
 measured against it.

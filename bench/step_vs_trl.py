@@ -3,8 +3,8 @@
 Same tiny model (built fresh, same weights), same batch shape: 8 prompts x 8 completions, up to
 16 new tokens, beta = 0.04 (so both load a reference model), mu = 1, the same math verifier, and
 the same torch threads (``--threads``, default this machine's share of the cores) for every phase of
-both steps: Palestra's sampling and update, and TRL's whole step. TRL runs its training loop; a callback times each of its steps and, between two of them, runs and
-times one Palestra step — so both share the machine's state at every moment. The last line is the
+both steps: Palestra's sampling and update, and TRL's whole step. TRL runs its training loop; a
+callback times each of its steps and, between two of them, runs and times one Palestra step — so both share the machine's state at every moment. The last line is the
 median step-time ratio ours / TRL (below 1.0 means Palestra is faster).
 
     .venv/bin/pip install -e '.[bench]' && .venv/bin/python bench/step_vs_trl.py [--rounds 12] [--threads N]

@@ -71,8 +71,9 @@ class RolloutCollector:
         generated = [self.collect(curriculum.draw(counts, step=plan.step), timer, (plan.step, 0))]
         everything = list(range(len(generated[0].tasks)))
         first = planned_first(generated[0], plan.counts, t.prompts_per_step,
-                              random.Random(f"oversample/{self.seed}/{plan.step}"))
-        kept = [(0, p) for p in (first if t.sampling.dynamic_sampling else everything)]
+                              random.Random(f"oversample/{self.seed}/{plan.step}")) \
+            if t.sampling.dynamic_sampling else everything
+        kept = [(0, p) for p in first]
         for refill_round in range(1, 1 + (t.sampling.max_refill_rounds if t.sampling.dynamic_sampling else 0)):
             missing = t.prompts_per_step - len(kept)
             if missing <= 0:
