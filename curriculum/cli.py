@@ -155,8 +155,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps({"run": run_id, "domains": rows}, default=str, indent=1))
     else:
         print(f"run {run_id}")
-        _table(rows, ["domain", "attempts", "successes", "success_rate", "weight", "level", *VERDICT_COLUMNS, "unscored",
-                      "canaries", "canaries_paid"])
+        # the shares stay even where unknown: a run stored before the trained counts shows "-" there
+        _table(rows, ["domain", "attempts", "successes", "success_rate", "weight", "level", "planned_share",
+                      "trained_share", *VERDICT_COLUMNS, "unscored", "canaries", "canaries_paid"],
+               keep=("planned_share", "trained_share"))
     return 0
 
 
@@ -348,8 +350,9 @@ def _renamed(task: Task, name: str) -> Task:
     return Task(domain=name, level=task.level, prompt=task.prompt, payload=task.payload, meta=task.meta, id=task.id)
 
 
-def _table(rows: list[dict], columns: list[str]) -> None:
-    columns = [c for c in columns if any(r.get(c) is not None for r in rows)] or columns[:1]
+def _table(rows: list[dict], columns: list[str], keep: tuple[str, ...] = ()) -> None:
+    """``rows`` as aligned text; a column with no value in any row is left out, unless in ``keep``."""
+    columns = [c for c in columns if c in keep or any(r.get(c) is not None for r in rows)] or columns[:1]
     cells = [[cell_text(r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))

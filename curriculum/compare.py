@@ -189,8 +189,23 @@ def split_labels(runs: list[dict]) -> dict[str, str]:
     is (``uniform difficulty=fixed``): so one sweep holds a difficulty ablation beside the policies."""
     policies, controllers = _variants(runs, "policy"), _variants(runs, "difficulty")
     usual = Counter(controllers.values()).most_common(1)[0][0] if runs else None
-    return {run_id: label if controllers[run_id] == usual else f"{label} difficulty={controllers[run_id]}"
-            for run_id, label in policies.items()}
+    tags = {run["id"]: _help_tags(run) for run in runs}
+    return {run_id: (label if controllers[run_id] == usual else f"{label} difficulty={controllers[run_id]}")
+            + tags[run_id] for run_id, label in policies.items()}
+
+
+def _help_tags(run: dict) -> str:
+    """`` cold_start=probe_rate=0.05,...`` for a run with cold-start help, `` refill_from=dropped``
+    for refills from the groups left out: runs stored before either existed get no tag."""
+    from curriculum.config import ColdStartConfig
+
+    config = run.get("config") or {}
+    defaults = ColdStartConfig().model_dump()
+    cold = {k: v for k, v in (config.get("cold_start") or {}).items() if defaults.get(k) != v}
+    refill = ((config.get("trainer") or {}).get("sampling") or {}).get("refill_from") \
+        or (config.get("sim") or {}).get("refill_from") or "plan"
+    tags = " cold_start=" + ",".join(f"{k}={v}" for k, v in sorted(cold.items())) if cold else ""
+    return tags + (f" refill_from={refill}" if refill != "plan" else "")
 
 
 def _variants(runs: list[dict], group: str) -> dict[str, str]:

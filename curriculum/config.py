@@ -92,9 +92,17 @@ class Exp3Config(_PolicyBase):
     type: Literal["exp3"] = "exp3"
 
 
+class HeadroomConfig(_PolicyBase):
+    type: Literal["headroom"] = "headroom"
+    target: float = Field(0.9, gt=0, le=1, description="success a domain's room is measured up to")
+    gain: float = Field(10.0, ge=0, description="weight of measured progress (success gained over the window)")
+    cold_trust: float = Field(0.2, ge=0, le=1, description="how much of a domain's room counts before its first success")
+    max_ratio: float = Field(4.0, ge=1, description="largest share over smallest")
+
+
 PolicyConfig = Annotated[
     Union[UniformConfig, FixedConfig, PrioritizedConfig, LearnabilityConfig, DumpConfig, SecConfig,
-          ThompsonConfig, TsclConfig, Exp3Config],
+          ThompsonConfig, TsclConfig, Exp3Config, HeadroomConfig],
     Field(discriminator="type"),
 ]
 
@@ -170,6 +178,28 @@ def check_against_domains(policy: PolicyConfig, difficulty: DifficultyConfig,
         build_difficulty(difficulty, domain_levels)
     except ValueError as exc:
         raise ValueError(f"difficulty: {exc}") from None
+
+
+# -- cold start ------------------------------------------------------------------------------------
+class ColdStartConfig(_Strict):
+    """Help for domains with no success yet, whatever the policy (``curriculum/cold_start.py``).
+
+    A domain with no success in the signals window is *cold*. Every policy reads signals that are
+    zero there (p(1 - p), |A|, slopes), so without help a cold domain sinks to the floor and never
+    earns the first successes that would make it learnable. Everything here is off by default.
+    """
+
+    probe_rate: float = Field(0.0, ge=0, lt=1, description="success rate a cold domain's probe must be able to see: "
+                                                           "about 3/p rollouts a window; 0: no probe")
+    probe_max_share: float = Field(0.5, gt=0, le=1, description="largest share of a batch all probes together take")
+    probe_patience: int = Field(3, ge=1, description="windows a domain is probed in a row without a success")
+    reprobe_every: int = Field(50, ge=1, description="after that, steps between probes (one window each)")
+    fall_to_easiest: bool = Field(False, description="a domain at zero success drops to its easiest level at once")
+    fall_after: int = Field(8, ge=1, description="attempts in the window, all failed, before it drops")
+    hint_below: float = Field(0.0, ge=0, le=1, description="windowed success under which training tasks may carry "
+                                                          "a hint; 0: no hints")
+    hint_share: float = Field(0.5, ge=0, le=1, description="share of a domain's tasks hinted at zero success, "
+                                                          "falling to 0 at hint_below")
 
 
 # -- store -----------------------------------------------------------------------------------------

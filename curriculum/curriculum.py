@@ -21,7 +21,7 @@ import numpy as np
 
 from curriculum.canary_log import canary_metrics
 from curriculum.compare import DEFAULT_MASTERY, heldout_metrics
-from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig
+from curriculum.config import ColdStartConfig, DifficultyConfig, PolicyConfig, SelectionConfig
 from curriculum.prompts import PromptSelector
 from curriculum.scheduler import Scheduler, StepWriteFailed
 from curriculum.steps import Group, outcomes, plan_metrics
@@ -54,13 +54,14 @@ class Curriculum:
                  difficulty: DifficultyConfig, prompts_per_step: int, seed: int = 0,
                  selection: SelectionConfig | None = None, store: StatsStore | None = None,
                  run_id: str | None = None, write_behind: bool = False, heldout_ids: Iterable[str] = (),
-                 levels: Mapping[str, Sequence[int]] | None = None) -> None:
+                 levels: Mapping[str, Sequence[int]] | None = None, cold_start: ColdStartConfig | None = None,
+                 group_size: int = 1) -> None:
         if (domains is None) == (levels is None):
             raise ValueError("give the curriculum its domains, or (to plan and record without drawing) their levels")
         self.domains, self.store = dict(domains or {}), store
         self.scheduler = Scheduler(dict(levels) if levels is not None else domain_levels(self.domains), policy,
                                    difficulty, prompts_per_step, seed=seed, store=store, run_id=run_id,
-                                   write_behind=write_behind)
+                                   write_behind=write_behind, cold_start=cold_start, group_size=group_size)
         self.run_id = self.scheduler.run_id  # the one given, or the run the scheduler started
         self.selector = (PromptSelector(selection, seed=seed, store=store, run_id=self.run_id)
                          if selection is not None else None)
@@ -110,8 +111,21 @@ class Curriculum:
 
     def draw(self, counts: Mapping[tuple[str, int], int], step: int | None = None, rng=None) -> list[Task]:
         """Tasks for each (domain, level) slot; with a training ``step`` the prompt selector picks
-        among candidates. A draw with its own ``rng`` leaves the training stream where it was."""
-        return self.tasks.draw(dict(counts), step=step, rng=rng)
+        among candidates, and the step's plan says what share of each domain's tasks is hinted
+        (``cold_start.hint_below``; refills of the step by the same rule). A draw without a step,
+        as for evaluation, has no hints. A draw with its own ``rng`` leaves the training stream
+        where it was."""
+        return self.tasks.draw(dict(counts), step=step, rng=rng, hints=self.hint_shares(step))
+
+    def hint_shares(self, step: int | None) -> dict[str, float]:
+        """Domain -> share of its training tasks drawn hinted at ``step``; none without a step or
+        with hints off (the plan is not even asked for then)."""
+        if step is None or self.scheduler.cold_start_cfg.hint_below <= 0:
+            return {}
+        plan = self.scheduler.plan(step)
+        if plan.hints is None:
+            return {}
+        return {name: float(share) for name, share in zip(plan.domains, plan.hints) if share > 0}
 
     def record(self, step: int, groups: Sequence[Group], metrics: dict | None = None) -> dict[str, Any]:
         """Record a step's groups — every completion generated, refills and groups left out included

@@ -91,6 +91,10 @@ class DifficultyController:
     def update(self, step: int, attempts: np.ndarray, successes: np.ndarray, reward_sum: np.ndarray) -> None:
         """Fold in one step's per-cell counts (flat arrays over all (domain, level) cells)."""
 
+    def fall_to_easiest(self, domains: np.ndarray) -> None:
+        """Send the domains of the [D] bool mask to their easiest level (cold start)."""
+        self.idx[domains] = 0
+
     def state_dict(self) -> dict:
         return {"idx": self.idx.tolist()}
 
@@ -165,6 +169,12 @@ class ThresholdDifficulty(_WindowedCounts, DifficultyController):
         self.win_attempts[changed] = 0.0  # evidence from the old level says nothing about the new one
         self.win_successes[changed] = 0.0
 
+    def fall_to_easiest(self, domains: np.ndarray) -> None:
+        moved = domains & (self.idx > 0)
+        super().fall_to_easiest(domains)
+        self.win_attempts[moved] = 0.0
+        self.win_successes[moved] = 0.0
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), **self._window_state()}
 
@@ -200,6 +210,10 @@ class TargetDifficulty(DifficultyController):
         top = (self.table.n_levels - 1).astype(float)
         self.position = np.where(seen, np.clip(self.position + move, 0.0, top), self.position)
         self.idx = np.rint(self.position).astype(np.int64)
+
+    def fall_to_easiest(self, domains: np.ndarray) -> None:
+        super().fall_to_easiest(domains)
+        self.position[domains] = 0.0
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "position": self.position.tolist()}

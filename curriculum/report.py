@@ -26,6 +26,7 @@ from curriculum.canary_log import canary_alarm_steps
 from curriculum.compare import HEADERS, METRICS, compare_sweep, format_table, load_run, split_labels
 from curriculum.heatmaps import MAX_PAGES, ROWS_PER_PAGE, HeatMap, draw, thin
 from curriculum.run_summary import VERDICT_COLUMNS, domain_table, heldout_series, run_alarms
+from curriculum.tables import cell_text
 
 
 def _plt():
@@ -151,7 +152,8 @@ def _paged(plt, out: Path, stem: str, heat: HeatMap, style: dict) -> list:
             for n, fig in enumerate(draw(plt, heat, **style), 1)]
 
 
-TABLE_COLUMNS = {"domain": "domain", "kind": "kind", "share": "share of rollouts", "attempts": "rollouts",
+TABLE_COLUMNS = {"domain": "domain", "kind": "kind", "share": "share of rollouts",
+                 "planned_share": "planned share", "trained_share": "trained share", "attempts": "rollouts",
                  "level": "level (last)", "highest_level": "level (highest)",
                  "train_first": "training success (first 10%)", "train_last": "training success (last 10%)",
                  "heldout_first": "held-out (first)", "heldout_last": "held-out (last)"}
@@ -172,7 +174,13 @@ def _domain_table(store, run_id: str, vectors: list[dict], metrics: list[dict], 
         note = ""
     else:
         note = "<p>Verdicts by status are counted from the stored per-completion rows; this run stored none.</p>"
-    return note + page.table(rows, columns, {"share": lambda v: f"{v:.2%}"})
+    if rows and all(r["trained_share"] is None for r in rows):
+        note += "<p>This run stored no per-domain counts of the groups trained on (it predates them).</p>"
+    return note + page.table(rows, columns, {key: _percent for key in ("share", "planned_share", "trained_share")})
+
+
+def _percent(value: float | None) -> str:
+    return cell_text(value) if value is None else f"{value:.2%}"
 
 
 def _alarms(metrics: list[dict]) -> str:

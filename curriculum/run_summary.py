@@ -1,7 +1,8 @@
 """What one stored run did, per domain: the rows of ``palestra stats`` and of the report's table.
 
 Both read the store through its read API only. ``domain_stats`` is what ``palestra stats`` prints
-(attempts, successes, the last planned weight and level, completions by verdict); ``domain_table``
+(attempts, successes, the last planned weight and level, completions by verdict, and each domain's
+share of the prompts planned and of the groups trained over the run); ``domain_table``
 adds what a reader of the report wants next to it: each domain's share of the rollouts, the level
 it reached, and its training and held-out success at the start and at the end of the run.
 """
@@ -28,12 +29,35 @@ def domain_stats(store, run_id: str, metrics: list[dict] | None = None) -> list[
     # completions the verifier could not judge: summed from the steps' metrics (the results rows
     # keep only their status, ``error``)
     unscored, canaries = domain_totals(metrics, "unscored"), canary_counts(metrics)
+    planned, trained = planned_shares(store.plans(run_id)), trained_shares(metrics)
     for row in rows:
         found = verdicts.get(row["domain"], {})
         row.update({column: found.get(status, 0) for column, status in VERDICT_COLUMNS.items()},
                    unscored=unscored.get(row["domain"], 0),
-                   **canaries.get(row["domain"], {"canaries": 0, "canaries_paid": 0}))
+                   **canaries.get(row["domain"], {"canaries": 0, "canaries_paid": 0}),
+                   planned_share=planned.get(row["domain"], 0.0) if planned else None,
+                   trained_share=trained.get(row["domain"], 0.0) if trained else None)
     return rows
+
+
+def planned_shares(plans: list[dict]) -> dict[str, float]:
+    """Per domain, its share of all the prompts the run's plans gave out (``store.plans`` rows: the
+    ``domain/<name>/prompts`` of every step, summed); empty for a run without a stored plan."""
+    totals: dict[str, int] = {}
+    for row in plans:
+        totals[row["domain"]] = totals.get(row["domain"], 0) + int(row["n_prompts"])
+    return _shares(totals)
+
+
+def trained_shares(metrics: list[dict]) -> dict[str, float]:
+    """Per domain, its share of all the groups that reached an update (``domain/<name>/trained``
+    summed over the steps); empty for a run stored before that metric existed, where it is unknown."""
+    return _shares(domain_totals(metrics, "trained"))
+
+
+def _shares(totals: dict[str, int]) -> dict[str, float]:
+    whole = sum(totals.values())
+    return {d: n / whole for d, n in totals.items()} if whole else {}
 
 
 def domain_table(store, run_id: str, vectors: list[dict], metrics: list[dict]) -> list[dict]:

@@ -28,7 +28,8 @@ from dataclasses import fields
 import numpy as np
 
 from curriculum.cells import CellCounts, cell_counts, stat_rows
-from curriculum.config import DifficultyConfig, PolicyConfig, build_difficulty, build_policy
+from curriculum.cold_start import ColdStart, lift
+from curriculum.config import ColdStartConfig, DifficultyConfig, PolicyConfig, build_difficulty, build_policy
 from curriculum.difficulty import LevelTable
 from curriculum.signals import Signals, StepCounts
 from curriculum.schema import is_in_memory_sqlite
@@ -42,13 +43,15 @@ class Scheduler:
     def __init__(self, domain_levels: dict[str, tuple[int, ...]], policy: PolicyConfig,
                  difficulty: DifficultyConfig, prompts_per_step: int, seed: int = 0,
                  store: StatsStore | None = None, run_id: str | None = None,
-                 write_behind: bool = False) -> None:
+                 write_behind: bool = False, cold_start: ColdStartConfig | None = None,
+                 group_size: int = 1) -> None:
         if prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
         self.table = LevelTable({d: tuple(lv) for d, lv in domain_levels.items()})
         self.domains = self.table.domains
         self.policy_cfg, self.difficulty_cfg = policy, difficulty
         self.prompts_per_step, self.seed = int(prompts_per_step), int(seed)
+        self.cold_start_cfg, self.group_size = cold_start or ColdStartConfig(), int(group_size)
         self.store, self.run_id = store, run_id
         if store is not None and run_id is None:
             self.run_id = store.start_run("scheduler", self.describe(), self.seed)
@@ -60,12 +63,14 @@ class Scheduler:
         return {"domains": {d: self.table.values[o:o + n].tolist() for d, o, n in
                             zip(self.domains, self.table.offset, self.table.n_levels)},
                 "policy": self.policy_cfg.model_dump(), "difficulty": self.difficulty_cfg.model_dump(),
-                "prompts_per_step": self.prompts_per_step}
+                "cold_start": self.cold_start_cfg.model_dump(), "prompts_per_step": self.prompts_per_step}
 
     def _reset(self) -> None:
         self.signals = Signals(self.domains, self.policy_cfg.window, self.policy_cfg.ema_alpha)
         self.policy = build_policy(self.policy_cfg, self.domains, self.seed)
         self.controller = build_difficulty(self.difficulty_cfg, self._domain_levels())
+        self.cold = ColdStart(self.cold_start_cfg, len(self.domains), self.policy_cfg.window,
+                              self.prompts_per_step, self.group_size)
         self.credit = np.zeros(len(self.domains))
         self.last_step: int | None = None
         self._pending: dict[int, Plan] = {}  # plans handed out and not yet recorded
@@ -78,10 +83,11 @@ class Scheduler:
     def plan(self, step: int) -> Plan:
         if step in self._pending:
             return self._pending[step]
-        weights = self.policy.weights(self.signals, step)
+        weights = lift(self.policy.weights(self.signals, step), self.cold.probe_floors(self.signals, step))
         per_domain = allocate(weights, self.credit, self.prompts_per_step)
         plan = Plan(step=step, domains=list(self.domains), weights=weights,
-                    levels=self.controller.levels(), counts=self._split_levels(step, per_domain))
+                    levels=self.controller.levels(), counts=self._split_levels(step, per_domain),
+                    hints=self.cold.hint_shares(self.signals))
         self._pending[step] = plan
         return plan
 
@@ -156,6 +162,7 @@ class Scheduler:
         counts = StepCounts(*(per_domain(getattr(cells, f.name)) for f in fields(CellCounts)))
         self.signals.update(step, counts)
         self.controller.update(step, cells.attempts, cells.successes, cells.reward_sum)
+        self.controller.fall_to_easiest(self.cold.update(self.signals, step))
         self.policy.update(self.signals, step, np.asarray(weights, dtype=float))
         # Credit is settled here, from the prompts the plan gave, not when planning: a plan asked
         # for before the previous step was recorded then still leaves the same books.
@@ -190,7 +197,7 @@ class Scheduler:
         return {"version": STATE_VERSION, "domains": list(self.domains), "seed": self.seed,
                 "last_step": self.last_step, "credit": self.credit.tolist(),
                 "signals": self.signals.state_dict(), "policy": self.policy.state_dict(),
-                "difficulty": self.controller.state_dict()}
+                "difficulty": self.controller.state_dict(), "cold_start": self.cold.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION:
@@ -203,6 +210,8 @@ class Scheduler:
         self.signals.load_state_dict(state["signals"])
         self.policy.load_state_dict(state["policy"])
         self.controller.load_state_dict(state["difficulty"])
+        if "cold_start" in state:  # checkpoints written before cold start had none (all warm then)
+            self.cold.load_state_dict(state["cold_start"])
 
     def rebuild_from_store(self, until_step: int | None = None) -> None:
         """Reset, then replay every stored step of this run (up to ``until_step``) in order."""

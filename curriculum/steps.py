@@ -49,13 +49,37 @@ def plan_metrics(plan: Plan, groups: Sequence[Group]) -> dict[str, Any]:
     domain, and what its completions earned for those that had any."""
     per_domain = domain_metrics(groups)
     metrics: dict[str, Any] = {}
+    hinted = hinted_groups(plan, groups)
     for i, name in enumerate(plan.domains):
         metrics[f"domain/{name}/weight"] = float(plan.weights[i])
         metrics[f"domain/{name}/level"] = int(plan.levels[i])
         metrics[f"domain/{name}/prompts"] = sum(n for (d, _), n in plan.counts.items() if d == name)
+        if hinted is not None:
+            metrics[f"domain/{name}/hinted"] = hinted[name]
         for key, value in per_domain.get(name, {}).items():
             metrics[f"domain/{name}/{key}"] = value
     return metrics
+
+
+def trained_metrics(trained: Iterable[str], domains: Iterable[str] = ()) -> dict[str, int]:
+    """The step's ``domain/<name>/trained`` metrics: per domain, how many groups reached the update.
+    ``trained`` names the domain of each such group (refills that trained count, groups dynamic
+    sampling left out do not). Every one of ``domains`` gets its count, 0 included (the trainer
+    names the plan's, as ``prompts`` has them); any other domain only when it trained a group (the
+    simulator names none: thousands of domains would fill each stored row with zeros)."""
+    counts = Counter(trained)
+    names = list(domains)
+    names += sorted(set(counts) - set(names))
+    return {f"domain/{name}/trained": counts[name] for name in names}
+
+
+def hinted_groups(plan: Plan, groups: Sequence[Group]) -> Counter[str] | None:
+    """Per domain, the step's groups whose task carried a hint (``meta["hint"]``); None, and no
+    ``hinted`` metric, at a step whose plan hints nothing and that drew no hinted task."""
+    hinted = Counter(g.task.domain for g in groups if g.task.meta.get("hint"))
+    if not hinted and (plan.hints is None or not np.any(plan.hints > 0)):
+        return None
+    return hinted
 
 
 def domain_metrics(groups: Sequence[Group]) -> dict[str, dict[str, float]]:

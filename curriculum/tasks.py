@@ -1,11 +1,19 @@
 """Draw training tasks for a plan, keeping the held-out evaluation tasks out of training; with a
 prompt selector, each slot draws extra candidates and the selector picks. A training draw is
 handed to its domain's ``drawn`` with the step and how often the task was drawn before (counted
-for the domains that ask, such as hidden code tests rotated by epoch)."""
+for the domains that ask, such as hidden code tests rotated by epoch).
+
+With hint shares (the plan's ``hints``, from ``cold_start``), ``round(share * n)`` of a domain's
+``n`` tasks in a training draw are put in their hinted form (``Domain.hinted``), the tasks chosen
+by a generator seeded by (seed, step, domain); a task the domain has no hint for stays plain. The
+hint comes before ``drawn``: a hinted task is a task of its own (its id differs), counted, rotated
+and replayed as one. A draw without a step (held-out sets, the SFT blend) never carries hints."""
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
+from typing import Mapping
 
 from curriculum.prompts import PromptSelector
 from domains.api import Domain, Task
@@ -16,17 +24,18 @@ class TaskSource:
                  selector: PromptSelector | None = None) -> None:
         self.domains = domains
         self.heldout_ids = heldout_ids
-        self.rng = random.Random(f"train/{seed}")
+        self.rng, self.seed = random.Random(f"train/{seed}"), seed
         self.selector = selector
         self.visits: Counter[str] = Counter()  # training draws of each task of a domain that counts them
 
     def draw(self, counts: dict[tuple[str, int], int], step: int | None = None,
-             rng: random.Random | None = None) -> list[Task]:
+             rng: random.Random | None = None, hints: Mapping[str, float] | None = None) -> list[Task]:
         """Tasks for each (domain, level) slot of a plan, in a deterministic order. With a training
-        ``step`` and a prompt selector, each slot draws extra candidates and the selector picks.
-        A draw with its own ``rng`` leaves the training stream (``self.rng``) where it was."""
+        ``step`` and a prompt selector, each slot draws extra candidates and the selector picks;
+        with a training ``step`` and ``hints`` (domain -> share), that share of each domain's tasks
+        is hinted. A draw with its own ``rng`` leaves the training stream (``self.rng``) where it was."""
         rng = self.rng if rng is None else rng
-        tasks: list[Task] = []
+        slots: list[tuple[str, list[Task]]] = []
         for (name, level), n in sorted(counts.items()):
             if n <= 0:
                 continue
@@ -35,8 +44,34 @@ class TaskSource:
             else:
                 candidates = self._draw_one(name, level, self.selector.candidates(name, n), rng)
                 chosen = self.selector.choose(name, level, candidates, n, step)
-            tasks.extend(chosen if step is None else [self._drawn(name, t, step) for t in chosen])
+            slots.append((name, chosen))
+        if step is None:
+            return [task for _, chosen in slots for task in chosen]
+        hinted = self._hinted_positions(slots, step, hints or {})
+        tasks: list[Task] = []
+        for name, chosen in slots:
+            for task in chosen:
+                if len(tasks) in hinted:
+                    task = self.domains[name].hinted(task) or task
+                tasks.append(self._drawn(name, task, step))
         return tasks
+
+    def _hinted_positions(self, slots: list[tuple[str, list[Task]]], step: int,
+                          hints: Mapping[str, float]) -> set[int]:
+        """Positions in the draw of the tasks to hint: ``round(share * n)`` of each domain's ``n``,
+        chosen by a generator seeded by (seed, step, domain), over all of its levels."""
+        positions: dict[str, list[int]] = {}
+        index = 0
+        for name, chosen in slots:
+            positions.setdefault(name, []).extend(range(index, index + len(chosen)))
+            index += len(chosen)
+        hinted: set[int] = set()
+        for name, found in positions.items():
+            share = min(1.0, max(0.0, float(hints.get(name, 0.0))))
+            k = math.floor(share * len(found) + 0.5)
+            if k > 0:
+                hinted.update(random.Random(f"hints/{self.seed}/{step}/{name}").sample(found, k))
+        return hinted
 
     def _drawn(self, name: str, task: Task, step: int) -> Task:
         domain = self.domains[name]

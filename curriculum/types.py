@@ -16,6 +16,7 @@ class Plan:
     weights: np.ndarray  # [D] mixture weights, sum to 1
     levels: np.ndarray  # [D] current difficulty level per domain (int)
     counts: dict[tuple[str, int], int] = field(default_factory=dict)  # (domain, level) -> prompts
+    hints: np.ndarray | None = None  # [D] share of each domain's training tasks drawn hinted (None: none)
 
     @property
     def total(self) -> int:

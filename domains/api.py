@@ -120,7 +120,8 @@ class Domain:
     """Base class of every domain plugin.
 
     Subclasses set ``name``, ``levels`` and ``Config`` and implement ``sample`` and ``verify``;
-    ``reference`` returns a known-good completion (SFT warm start, tests) when one exists.
+    ``reference`` returns a known-good completion (SFT warm start, tests) when one exists, and
+    ``hint`` the start of a solution, shown on some training tasks of a domain that rarely succeeds.
 
     A multi-turn domain (tool use) sets ``multi_turn`` and implements ``environment(task)``: the
     trainer then plays an episode of assistant turns against that environment and verifies the
@@ -171,6 +172,24 @@ class Domain:
         ``palestra replay`` rebuilds the draw from the stored run the same way. Held-out evaluation
         never calls this."""
         return task
+
+    def hint(self, task: Task) -> str | None:
+        """A short hint for ``task``, or None (the default): none for this task or this domain.
+
+        A hint is the start of a solution, QuestA-style: a first step worked out, the first tool
+        call, the head of the code. It leaves the model the rest of the work and never states the
+        final answer. Write it in the task's prompt style (``self.config.prompt_style``): terse for
+        ``compact``, a few words for ``chat``; ``hinted`` shows it after the question. The
+        curriculum puts hints on a share of the training tasks of a domain that succeeds too
+        rarely to learn (``cold_start.hint_below``); held-out evaluation never shows one."""
+        return None
+
+    def hinted(self, task: Task) -> Task | None:
+        """``task`` with its hint shown (``with_hint``); None when ``hint`` gives none."""
+        text = self.hint(task)
+        if text is None or not text.strip():
+            return None
+        return with_hint(task, text, separator="\n\n" if self.config.prompt_style == "chat" else "\n")
 
     def canaries(self) -> dict[str, Canary]:
         """Named functions that write, for a task, a completion that must never earn reward (a
@@ -273,6 +292,30 @@ def _with_system(text: str | None, messages: Messages) -> Messages:
 
 def user_prompt(text: str) -> Messages:
     return [{"role": "user", "content": text}]
+
+
+HINT_LABEL = "Hint:"
+
+
+def with_hint(task: Task, text: str, separator: str = "\n") -> Task:
+    """``task`` with ``text`` shown as a hint: ``Hint: <text>`` after its last user message (the
+    question itself, after any worked example a chat prompt opens with), following ``separator``.
+
+    The payload is the same, so the task verifies exactly as before; the prompt differs, so the id
+    does too. ``meta`` gains ``hint`` (the text: what ``domain/<name>/hinted`` counts) and
+    ``unhinted_id`` (the plain task's id)."""
+    text = text.strip()
+    if not text:
+        raise ValueError(f"task {task.id}: an empty hint")
+    if task.meta.get("hint"):
+        raise ValueError(f"task {task.id} already carries a hint")
+    prompt = [dict(message) for message in task.prompt]
+    last = next((m for m in reversed(prompt) if m.get("role") == "user"), None)
+    if last is None or not isinstance(last.get("content"), str):
+        raise ValueError(f"task {task.id}: no user message with text to add a hint to")
+    last["content"] = f"{last['content'].rstrip()}{separator}{HINT_LABEL} {text}"
+    return Task(domain=task.domain, level=task.level, prompt=prompt, payload=task.payload,
+                meta={**task.meta, "hint": text, "unhinted_id": task.id})
 
 
 def exchange(question: str, answer: str) -> Messages:

@@ -22,8 +22,34 @@ have none).
 
 Verifier. The text after the last ``</think>`` is graded: the last ``<answer>…</answer>`` in it
 (reasoning-gym's ``extract_answer``), or the whole text when there is no tag (a bare answer), and
-scored by the dataset's own ``score_answer``. Reward = that score in [0, 1] (``partial_credit=False``:
-1 or 0); correct means a score of 1.
+scored by the dataset's own ``score_answer`` (a number in [0, 1]); correct means a score of 1.
+
+Reward. By default it is binary: 1 for a correct answer, 0 for anything else, whatever fraction the
+scorer gives. Many of reasoning-gym's scorers hand out partial scores that a policy can collect
+without solving anything: 0.01 for any well-formed answer, and the default rule of
+``ProceduralDataset`` pays ``len(gold) / len(answer)`` to any answer that contains the gold, so
+echoing the prompt (the ``prompt_echoed`` canary) scores wherever the question holds the answer's
+material. ``scripts/rg_canary_sweep.py`` measures it (reasoning-gym 0.1.25, held-out tasks of every
+level, seed 1234). With 3 tasks a level the echo scored on 36 of the 105 datasets, all of which the
+former default (reward = score) paid: mostly the 0.01 consolation, but 0.97 on rotate_matrix (a
+rotation by a multiple of 360 degrees leaves the matrix as shown), 0.50 on manipulate_matrix, 0.33
+on spell_backward, 0.20 on figlet_font and 0.17 on word_sorting. With 60 tasks a level it scored on
+49 datasets, reaching 0.988 on rotate_matrix, 0.980 on manipulate_matrix, 0.65 on knights_knaves
+and 0.5 on spell_backward and quantum_lock; the larger the matrix the nearer 1, up to 0.989 for a
+100 x 100 one (0.991 with ``instruction=""``). It was judged correct on two datasets, which no
+reward rule stops; their scorers are replaced (gsm_symbolic, sokoban: see below). With them
+replaced, the same sweep of 60 tasks a level finds no canary paid on any dataset, under the default
+reward or under partial credit at its default threshold (the highest score left is rotate_matrix's
+0.988).
+
+Partial credit is opt-in, per domain or pattern: with ``partial_credit: true`` a score above
+``partial_credit_above`` (default 0.99, over the 0.989 the echo can reach with the default
+instruction) is paid as it is, and a lower one earns 0; a correct answer earns 1 either way. That
+default leaves partial pay only to near-exact answers. A lower threshold can pay the echo (with 200
+tasks a level it reached 0.6 on figlet_font; ``partial_credit_above: 0`` pays every score as
+reasoning-gym gives it), and the canary check at the start of a run alarms when it does: measure a
+threshold with the sweep script (``--option partial_credit=true --option partial_credit_above=X``)
+and keep partial credit off where the echo scores over it.
 
 Where this departs from reasoning-gym, and why:
 
@@ -38,9 +64,15 @@ Where this departs from reasoning-gym, and why:
   main thread) and one that fails or overruns is skipped for the next index. A level that cannot
   produce tasks at all falls back to the next easier level, logged, rather than stopping a run.
 - ``composite`` is left out: it mixes other datasets, which is the scheduler's job here.
-- A scorer that accepts anything is replaced (``SCORER_FIXES``): 0.1.25's game_of_life_halting
-  compares ``bool(answer) == bool(entry["answer"])``, true for every non-empty answer, since the
-  gold is the string "True" or "False" — a reward any policy learns to collect without solving.
+- A scorer that pays for answers that solve nothing is replaced (``SCORER_FIXES``), since a policy
+  learns to collect such a reward without solving: 0.1.25's game_of_life_halting compares
+  ``bool(answer) == bool(entry["answer"])``, true for every non-empty answer, since the gold is the
+  string "True" or "False"; gsm_symbolic grades the first number in the answer, so a list of
+  guesses scores when the first is right, and the echoed question scores 1 when its first number
+  is the answer (6 of 200 held-out tasks); its replacement asks for exactly one number. sokoban's
+  scorer plays every L, R, U and D in the answer and skips the rest, so the echoed question, whose
+  letters include the example "LDURRUDL", solved 4 of 780 held-out puzzles; an answer there must
+  be moves only (``ANSWER_FORMS``).
 - Generators and scorers that print (``bf``) are silenced; the trainer's output stays readable.
 """
 from __future__ import annotations
@@ -52,6 +84,7 @@ import io
 import logging
 import math
 import random
+import re
 import signal
 import threading
 import time
@@ -89,8 +122,25 @@ def _same_boolean(answer: str, entry: dict[str, Any]) -> float:
     return float(answer.strip().lower() == str(entry["answer"]).strip().lower())
 
 
-# Scorers used instead of the dataset's own, which accepts any answer (see the module docstring).
-SCORER_FIXES = {"game_of_life_halting": _same_boolean}
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _the_one_number(answer: str, entry: dict[str, Any]) -> float:
+    """1 when the answer holds exactly one number and it equals the gold ("195" or "195 minutes")."""
+    numbers = NUMBER.findall(answer)
+    return float(len(numbers) == 1 and float(numbers[0]) == float(entry["answer"]))
+
+
+# Scorers used instead of the dataset's own, which pays for answers that solve nothing (see the
+# module docstring).
+SCORER_FIXES = {"game_of_life_halting": _same_boolean, "gsm_symbolic": _the_one_number}
+# Datasets whose scorer reads only some characters of the answer: one that is not wholly of this form
+# (whitespace aside) scores 0 before the scorer sees it.
+ANSWER_FORMS = {"sokoban": re.compile(r"[LRUD]+")}
+
+
+def _whole_form(form: re.Pattern[str], score_answer: Any) -> Any:
+    return lambda answer, entry: score_answer(answer, entry) if form.fullmatch("".join(answer.split())) else 0.0
 
 
 # -- reversible JSON for entries ------------------------------------------------------------------
@@ -285,7 +335,9 @@ class ReasoningGymConfig(DomainConfig):
     max_level: int | None = Field(None, ge=1)  # cap on the levels (None: all the curriculum has)
     instruction: str = INSTRUCTION  # appended to each question; "" for the bare question
     require_answer_tag: bool = False  # False: a completion without <answer> tags is graded whole
-    partial_credit: bool = True  # False: reward 1 for a score of 1, else 0
+    partial_credit: bool = False  # False: reward 1 for a score of 1, else 0 (see the module docstring)
+    # with partial_credit: a score above this is paid as it is, a lower one earns 0
+    partial_credit_above: float = Field(0.99, ge=0.0, lt=1.0)
     sample_timeout_s: float = Field(15.0, gt=0)  # per generated item; an item over it is skipped
 
 
@@ -302,7 +354,9 @@ class ReasoningGymDomain(Domain):
         self.name = f"{PREFIX}_{dataset}"
         # 2: a scorer that raises on (or gives no number for) the model's answer alone is a verdict
         # on that answer; one that fails on the task's own answer too gives none
-        self.version = f"2+rg{library_version()}"
+        # 3: binary reward by default (partial credit only when asked for, above a threshold);
+        # gsm_symbolic and sokoban no longer score answers that merely contain the solution
+        self.version = f"3+rg{library_version()}"
         self._all_levels = level_configs(dataset)
         self._on_configure()
 
@@ -403,6 +457,8 @@ class ReasoningGymDomain(Domain):
             return VerifyResult.failure(Status.FORMAT_ERROR, problem)
         try:  # rebuilding the task's entry or its dataset fails on the task's side: no verdict
             score_answer = SCORER_FIXES.get(self.dataset) or self._scorer(task.payload.get("curriculum_level")).score_answer
+            if self.dataset in ANSWER_FORMS:
+                score_answer = _whole_form(ANSWER_FORMS[self.dataset], score_answer)
             entry = self._entry(task.payload)
         except Exception as exc:
             return VerifyResult.no_verdict(f"task could not be rebuilt: {type(exc).__name__}: {one_line(exc)}")
@@ -415,7 +471,9 @@ class ReasoningGymDomain(Domain):
             return VerifyResult.no_verdict(f"the scorer fails on the task's own answer too: {message}")
         score = min(1.0, max(0.0, score))
         correct = score >= 1.0 - 1e-9
-        reward = score if self.config.partial_credit else float(correct)
+        reward = float(correct)
+        if not correct and self.config.partial_credit and score > self.config.partial_credit_above:
+            reward = score
         return VerifyResult(reward=reward, correct=correct, status=Status.OK if correct else Status.WRONG,
                             details={"answer": answer[:DETAIL_CHARS], "score": score})
 

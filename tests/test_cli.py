@@ -71,6 +71,39 @@ def test_stats_shows_each_domains_verdicts_by_status(tmp_path, capsys):
     assert "format_error" in header and "unscored" in header
 
 
+def test_stats_shows_planned_and_trained_shares_and_a_dash_for_a_run_without_trained_counts(store_url, tmp_path,
+                                                                                             capsys):
+    url, run_id = store_url  # recorded without domain/<name>/trained, as every run before it was
+    assert main(["stats", "--db", url, "--run", run_id]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()[1:]
+    columns = header.split()
+    assert columns[6:8] == ["planned_share", "trained_share"]
+    assert [line.split()[6:8] for line in lines] == [["0.500", "-"], ["0.500", "-"]]
+    assert main(["stats", "--db", url, "--run", run_id, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["domains"]
+    assert [(r["planned_share"], r["trained_share"]) for r in rows] == [(0.5, None), (0.5, None)]
+
+    # one step planned 3 math prompts and 1 code prompt; dynamic sampling trained 2 math groups, 2 code
+    url = f"sqlite:///{tmp_path / 'shares.db'}"
+    with StatsStore(url) as store:
+        run_id = store.start_run("shares", {}, seed=0)
+        policy = parse_policy({"type": "fixed", "weights": {"math": 3, "code": 1}})
+        scheduler = Scheduler({"math": (1,), "code": (1,)}, policy, parse_difficulty({"type": "fixed"}),
+                              prompts_per_step=4, store=store, run_id=run_id)
+        plan = scheduler.plan(1)
+        assert plan.counts == {("math", 1): 3, ("code", 1): 1}
+        outcomes = [Outcome(domain=d, level=1, task_id=f"{d}{i}", group=i, reward=0.0, correct=False, status="wrong")
+                    for i, d in enumerate(["math", "math", "math", "code", "code"])]
+        scheduler.record(1, outcomes, {"domain/math/trained": 2, "domain/code/trained": 2})
+    assert main(["stats", "--db", url, "--run", run_id, "--json"]) == 0
+    rows = {r["domain"]: r for r in json.loads(capsys.readouterr().out)["domains"]}
+    assert {d: (r["planned_share"], r["trained_share"]) for d, r in rows.items()} == {
+        "math": (0.75, 0.5), "code": (0.25, 0.5)}
+    assert main(["stats", "--db", url, "--run", run_id]) == 0
+    assert [line.split()[6:8] for line in capsys.readouterr().out.splitlines()[2:]] == [
+        ["0.250", "0.500"], ["0.750", "0.500"]]
+
+
 def test_stats_unknown_run_is_a_clear_error(store_url, capsys):
     url, _ = store_url
     assert main(["stats", "--db", url, "--run", "nope"]) == 2

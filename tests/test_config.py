@@ -71,10 +71,12 @@ def test_stable_keys_override():
     ("policy.floor=-0.5", "policy.floor:"),
     ("model=hf", "model: model.name_or_path is required when model.type is hf"),
     ("difficulty.lower_below=0.8", "difficulty: lower_below (0.8) must be below raise_above (0.7)"),
+    ("cold_start.probe_rate=1.5", "cold_start.probe_rate: Input should be less than 1"),
+    ("policy=headroom policy.max_ratio=0.5", "policy.max_ratio: Input should be greater than or equal to 1"),
 ])
 def test_bad_values_fail_in_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError) as info:
-        _compose([override])
+        _compose(override.split())
     text = str(info.value)
     assert "\n" not in text
     assert text.startswith(message), text

@@ -143,10 +143,12 @@ def test_grpo_steps_with_a_tool_domain(tmp_path):
     assert any("domain/tool_calculator/turns" in m for m in metrics)
 
 
-def test_dynamic_sampling_stores_every_group_with_the_advantages_it_trained_on(tmp_path, plugin_package):
+@pytest.mark.parametrize("refill_from", ["plan", "dropped"])
+def test_dynamic_sampling_stores_every_group_with_the_advantages_it_trained_on(tmp_path, plugin_package, refill_from):
     # the untrained model fails every arithmetic task, so those groups have no variance: they are
     # dropped, refilled (and fail again); the digit groups, graded, are kept
-    config = tiny_config(tmp_path, trainer={"steps": 2, "dynamic_sampling": True, "max_refill_rounds": 1})
+    config = tiny_config(tmp_path, trainer={"steps": 2, "dynamic_sampling": True, "max_refill_rounds": 1,
+                                            "refill_from": refill_from})
     recipe = GRPORecipe(config)
     try:
         recipe.setup()
@@ -171,6 +173,13 @@ def test_dynamic_sampling_stores_every_group_with_the_advantages_it_trained_on(t
             trained += 1
     assert trained > 0
     assert len(rows) > 2 * 4 * 4  # refills are recorded too
+    if refill_from == "dropped":  # a refill redraws the (domain, level) of a group left out
+        for step in (1, 2):
+            first = {k: m for k, m in groups.items() if k[0] == step and k[1] < 4}
+            left_out = {(m[0]["domain"], m[0]["level"]) for m in first.values()
+                        if len({r["reward"] for r in m}) == 1}
+            refills = {(m[0]["domain"], m[0]["level"]) for k, m in groups.items() if k[0] == step and k[1] >= 4}
+            assert refills and refills <= left_out
 
 
 def test_a_domain_without_held_out_tasks_trains_and_is_left_out_of_the_stored_evaluation(tmp_path):

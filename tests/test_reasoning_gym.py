@@ -331,3 +331,127 @@ def test_a_scorer_that_accepts_anything_is_replaced():
         assert halting.verify(task, f"<answer>{gold.lower()}</answer>").correct
         for wrong in (other, "x", "?"):
             assert halting.verify(task, f"<answer>{wrong}</answer>").reward == 0.0
+
+
+def test_gsm_symbolic_pays_only_an_answer_that_is_the_one_right_number():
+    # reasoning-gym 0.1.25's gsm_symbolic scorer grades the first number in the answer: the echoed
+    # question is correct when its first number is the answer (1 of these 60 held-out tasks, 6 of 200)
+    from domains.reasoning_gym import CANARIES, extract
+
+    gsm = load("rg_gsm_symbolic")
+    own_scorer = gsm._scorer(None).score_answer
+    echoed = [t for t in gsm.heldout(1, 60, 1234)
+              if own_scorer(extract(CANARIES["prompt_echoed"](t), False)[0], gsm._entry(t.payload)) == 1.0]
+    assert echoed
+    assert all(gsm.verify(t, CANARIES["prompt_echoed"](t)).reward == 0.0 for t in echoed)
+    task = echoed[0]
+    gold = task.payload["entry"]["answer"]
+    for completion, reward in ((gold, 1.0), (f"<answer>{gold} minutes</answer>", 1.0), (f"{gold}.0", 1.0),
+                               (f"{gold} or 7", 0.0), (f"7, {gold}", 0.0), (f"-{gold}", 0.0), ("none", 0.0)):
+        assert gsm.verify(task, completion).reward == reward, completion
+
+
+def test_sokoban_pays_only_an_answer_made_of_moves():
+    # reasoning-gym 0.1.25's sokoban scorer plays every L, R, U, D in the answer and skips the rest:
+    # the echoed question (its letters, the example "LDURRUDL") solved 4 of 780 held-out puzzles
+    sokoban = load("rg_sokoban")
+    task = sokoban.sample(1, 1, random.Random(0))[0]
+    gold = task.payload["entry"]["answer"]
+    own_scorer = sokoban._scorer(task.payload["curriculum_level"]).score_answer
+    assert own_scorer(f"the answer is {gold}, done", sokoban._entry(task.payload)) == 1.0
+    for completion, reward in ((gold, 1.0), (" ".join(gold), 1.0), (f"<answer>\n{gold}\n</answer>", 1.0),
+                               (f"the answer is {gold}, done", 0.0), (f"{gold}!", 0.0), ("LDURRUDL", 0.0)):
+        assert sokoban.verify(task, completion).reward == reward, completion
+
+
+# -- canaries under the default reward ----------------------------------------------------------------
+# The datasets whose scorers pay the prompt echo most under reasoning-gym's own scores (measured with
+# scripts/rg_canary_sweep.py: rotate_matrix up to 0.99, manipulate_matrix 0.98, spell_backward 0.5, ...)
+# and two where it scores at a higher level only; the fast test checks their hardest level too.
+ECHO_PAID_MOST = ["rotate_matrix", "manipulate_matrix", "spell_backward", "figlet_font", "word_sorting",
+                  "sentence_reordering", "mini_sudoku", "syllogism"]
+
+
+def canary_verdicts(domain, level: int, per_level: int) -> list[tuple[str, float, float]]:
+    """(canary, reward, raw score) of every canary on ``per_level`` held-out tasks of ``level``, drawn
+    as ``palestra verify --canaries`` draws them (seed 1234)."""
+    verdicts = []
+    for task in domain.heldout(level, per_level, 1234):
+        for canary, write in domain.canaries().items():
+            completion = write(task)
+            if completion is not None:
+                result = domain.verify(task, completion)
+                verdicts.append((canary, result.reward, float(result.details.get("score", 0.0))))
+    return verdicts
+
+
+def test_no_canary_earns_reward_on_any_dataset_under_the_default_reward():
+    # every dataset at level 1, and the hardest level of those where the echo scores most: 6-8 s
+    paid, scored = [], set()
+    for dataset in dataset_names():
+        domain = load(f"rg_{dataset}")
+        levels = {1, domain.levels[-1]} if dataset in ECHO_PAID_MOST else {1}
+        for level in sorted(levels):
+            for canary, reward, score in canary_verdicts(domain, level, 2):
+                if reward > 0:
+                    paid.append((dataset, level, canary, reward))
+                if score > 0:
+                    scored.add(dataset)
+    assert paid == []
+    # not vacuous: the scorers did give the echo partial scores, which the binary reward does not pay
+    assert {"rotate_matrix", "manipulate_matrix", "spell_backward"} <= scored and len(scored) >= 20
+
+
+def test_palestra_verify_canaries_passes_on_rotate_matrix(capsys):
+    # the check that found the echo paid 0.97 here under the former default (partial credit)
+    assert cli_main(["verify", "--domain", "rg_rotate_matrix", "--canaries", "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "rg_rotate_matrix: 40 canary completions (5 canaries: " in err and "0 earned reward" in err
+
+
+def test_partial_credit_is_opt_in_and_pays_only_above_its_threshold():
+    from domains.reasoning_gym import CANARIES
+
+    rotate = load("rg_rotate_matrix")
+    task = rotate.heldout(rotate.levels[-1], 1, 1234)[0]  # a rotation by 360 degrees x k: the echo holds the gold
+    echo = CANARIES["prompt_echoed"](task)
+    score = rotate.verify(task, echo).details["score"]
+    assert 0.95 < score < 0.99
+    rewards = {}
+    for name, options in {"default": {}, "partial": {"partial_credit": True},
+                          "partial above 0.9": {"partial_credit": True, "partial_credit_above": 0.9},
+                          "threshold alone": {"partial_credit_above": 0.0}}.items():
+        domain = load("rg_rotate_matrix", options)
+        result = domain.verify(task, echo)
+        assert (result.correct, result.status, result.details["score"]) == (False, Status.WRONG, score)
+        assert domain.verify(task, rotate.reference(task)).reward == 1.0
+        rewards[name] = result.reward
+    assert rewards == {"default": 0.0, "partial": 0.0, "partial above 0.9": score, "threshold alone": 0.0}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"partial_credit_above": 1.0}, "partial_credit_above: Input should be less than 1"),
+    ({"partial_credit_above": -0.1}, "partial_credit_above: Input should be greater than or equal to 0"),
+    ({"partial_credit_above": "high"}, "partial_credit_above: Input should be a valid number"),
+    ({"partial_credit": "sometimes"}, "partial_credit: Input should be a valid boolean"),
+    ({"partial_credit_below": 0.5}, "partial_credit_below: Extra inputs are not permitted"),
+])
+def test_bad_reward_options_are_one_line_errors(options, message):
+    with pytest.raises(DomainError) as caught:
+        load("rg_chain_sum", options)
+    assert "\n" not in str(caught.value) and f"invalid options: {message}" in str(caught.value)
+
+
+@pytest.mark.slow
+def test_no_canary_earns_reward_at_any_level_of_any_dataset_through_the_pool():
+    # every dataset, every level, two held-out tasks each, through the verifier pool as the run's
+    # canary check does: 60-70 s on a loaded 2-core machine
+    from domains.canaries import canary_alarms, run_canaries
+
+    domains = load_all(["rg_*"])
+    with VerifierPool(domains, workers=2) as pool:
+        results = run_canaries(domains, pool, 2, seed=1234)
+        pool.raise_if_broken()
+    assert canary_alarms(results) == []
+    assert [r for r in results if r.status == "canary_error" or not r.scored] == []
+    assert len({r.domain for r in results}) == len(dataset_names())

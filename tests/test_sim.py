@@ -108,6 +108,12 @@ def test_refills_replace_agreeing_groups_as_dynamic_sampling_does():
     out, kept = rollout_with_refills(Learner(world, 0, 4), domain, level, 2, np.random.default_rng(0))
     assert len(out.domain) > 16 and not rewards_agree(kept.reward).any() and len(kept.domain) <= 16
     assert set(out.domain.tolist()) <= set(domain.tolist())  # refills come from the plan's pairs
+    # refill_from="dropped": each group left out is redrawn from its own (domain, level)
+    first = Learner(world, 0, 4).rollout(domain, level)
+    left_out = set(domain[rewards_agree(first.reward)].tolist())
+    out, kept = rollout_with_refills(Learner(world, 0, 4), domain, level, 2, np.random.default_rng(0), "dropped")
+    assert set(out.domain[16:].tolist()) <= left_out and len(out.domain) > 16
+    assert (np.bincount(kept.domain, minlength=20) <= np.bincount(domain, minlength=20)).all()
     plain, same = rollout_with_refills(Learner(world, 0, 4), domain, level, 0, np.random.default_rng(0))
     assert plain is same and len(plain.domain) == 16
     # a run with refills generates more, trains on more varied groups, and learns more
@@ -156,6 +162,26 @@ def test_run_records_every_step_and_the_heldout_metrics(tmp_path, store_results)
     assert metrics[-1]["sim/rollouts"] == 12 * 8 * 4
     with_vectors = [m["step"] for m in metrics if "heldout/domains" in m]
     assert with_vectors == [1, 5, 10, 12] and len(metrics[0]["heldout/domains"]) == 20
+
+
+def test_each_step_logs_the_groups_the_learner_trained_on_per_domain(tmp_path, monkeypatch):
+    from curriculum.run_summary import domain_stats
+
+    learned = []
+    learn = Learner.learn
+    monkeypatch.setattr(Learner, "learn", lambda self, out: (learned.append(out.domain.copy()), learn(self, out)))
+    cfg = app_config("uniform", seed=2, steps=6, refill_rounds=1, theta0_mean=2.0, theta0_std=3.0)
+    with StatsStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+        result = run_sim(cfg, store)
+        metrics = store.metrics(result.run_id)
+        rows = domain_stats(store, result.run_id, metrics)
+    names = [f"d{i:02d}" for i in range(20)]
+    for m, domains in zip(metrics, learned, strict=True):
+        trained = {k.split("/")[1]: v for k, v in m.items() if k.endswith("/trained")}
+        assert trained == {names[d]: n for d, n in enumerate(np.bincount(domains, minlength=20)) if n}
+    assert sum(r["planned_share"] for r in rows) == pytest.approx(1.0)
+    assert sum(r["trained_share"] for r in rows) == pytest.approx(1.0)
+    assert sum(len(d) for d in learned) < 6 * 8  # agreeing groups left out: the trained counts are their own
 
 
 def test_a_failed_background_write_marks_the_run_failed(tmp_path):

@@ -78,15 +78,19 @@ class RolloutCollector:
             missing = t.prompts_per_step - len(kept)
             if missing <= 0:
                 break
-            planned = Counter((task.domain, task.level) for b in generated for task in b.tasks)
-            tasks = curriculum.draw(shrink_counts(planned, missing), step=plan.step)
+            if t.sampling.refill_from == "dropped":  # each planned slot still without a trained group
+                wanted = Counter(plan.counts) - Counter(_slot(generated[r].tasks[p]) for r, p in kept)
+            else:
+                wanted = Counter(_slot(task) for b in generated for task in b.tasks)
+            tasks = curriculum.draw(shrink_counts(wanted, missing), step=plan.step)
             refill = self.collect(tasks, timer, (plan.step, refill_round))
             generated.append(refill)
             # keep a random subset of an overshooting refill: the first groups would always favour the
             # kinds sampled first (math before code before tool episodes)
-            varied = varied_groups(refill)
-            chosen = random.Random(f"refill/{self.seed}/{plan.step}/{refill_round}").sample(
-                varied, min(missing, len(varied)))
+            chosen = planned_first(refill, dict(wanted), missing,
+                                   random.Random(f"refill/{self.seed}/{plan.step}/{refill_round}")) \
+                if t.sampling.refill_from == "dropped" else _sample_varied(refill, missing, random.Random(
+                    f"refill/{self.seed}/{plan.step}/{refill_round}"))
             kept += [(refill_round, p) for p in sorted(chosen)]
         kept = kept or [(0, p) for p in everything]  # nothing varied: train on zeros (a no-op)
         parts = [generated[r].select([p for r2, p in kept if r2 == r]) for r in range(len(generated))]
@@ -122,3 +126,12 @@ class RolloutCollector:
         parts = [part for share in self.world.gather(parts) for part in share]  # rank order = task order
         timer["verify_wait"] += time.perf_counter() - start  # with several ranks: until every share is in
         return concat(parts, self.tokenizer.pad_token_id)
+
+
+def _slot(task: Task) -> tuple[str, int]:
+    return task.domain, task.level
+
+
+def _sample_varied(batch: StepBatch, total: int, rng: random.Random) -> list[int]:
+    varied = varied_groups(batch)
+    return rng.sample(varied, min(total, len(varied)))

@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from curriculum.config import DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig, describe_error
+from curriculum.config import ColdStartConfig, DifficultyConfig, PolicyConfig, SelectionConfig, StoreConfig, describe_error
 from domains.config import StrictModel as Strict
 from domains.api import DomainConfig
 from domains.verify.backend import VerifierConfig
@@ -114,6 +114,10 @@ class SamplingConfig(Strict):
     rollout_batch_size: int = Field(128, gt=0)  # sequences generated together
     dynamic_sampling: bool = True  # drop groups whose rewards all agree and refill (DAPO)
     max_refill_rounds: int = Field(2, ge=0)  # cap on extra generation for dynamic sampling
+    # plan: refills in the plan's proportions of (domain, level); dropped: each group left out is
+    # redrawn from its own (domain, level), so the trained shares keep the plan's wherever the
+    # groups vary (more rollouts for a domain that rarely succeeds: docs/adaptive-mixing.md)
+    refill_from: Literal["plan", "dropped"] = "plan"
     # dynamic sampling's first round draws this many times the plan's prompts, in its proportions;
     # the step trains on each (domain, level)'s planned number of varied groups first, and refills
     # only what is still missing (trainer/collect.py)
@@ -353,6 +357,7 @@ class PalestraConfig(Strict):
     difficulty: DifficultyConfig
     store: StoreConfig = StoreConfig()
     selection: SelectionConfig = SelectionConfig()
+    cold_start: ColdStartConfig = ColdStartConfig()
     trainer: TrainerConfig = TrainerConfig()
     verifier: VerifierConfig = VerifierConfig()
     sft: SFTConfig = SFTConfig()

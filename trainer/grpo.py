@@ -22,7 +22,7 @@ import torch
 from curriculum.config import check_against_domains
 from curriculum.curriculum import Curriculum, domain_levels, mark_run
 from curriculum.scheduler import StepWriteFailed
-from curriculum.steps import format_error_examples
+from curriculum.steps import format_error_examples, trained_metrics
 from curriculum.store import StatsStore, StoreUnavailable, default_store_url, without_password
 from domains.api import Task, one_line
 from domains.canaries import canary_alarms, run_canaries
@@ -155,6 +155,7 @@ class GRPORecipe:
             return None
         cfg = self.cfg
         settings = dict(domains=self.domains, policy=cfg.policy, difficulty=cfg.difficulty, selection=cfg.selection,
+                        cold_start=cfg.cold_start, group_size=cfg.trainer.group_size,
                         prompts_per_step=cfg.trainer.prompts_per_step, seed=cfg.seed,
                         write_behind=True,  # the database write overlaps training
                         heldout_ids={t.id for t in self.heldout.tasks})
@@ -270,7 +271,10 @@ class GRPORecipe:
         timer["train"] = time.perf_counter() - start
         start = time.perf_counter()
         groups = rollouts.groups(advantages)
-        metrics = self.curriculum.record(step, groups, step_report.step_metrics(step, rollouts, update, timer))
+        metrics = step_report.step_metrics(step, rollouts, update, timer)
+        # the groups that reached the update, by domain (``groups`` also holds those dynamic sampling left out)
+        metrics.update(trained_metrics((task.domain for task in rollouts.batch.tasks), plan.domains))
+        metrics = self.curriculum.record(step, groups, metrics)
         metrics["time/record"] = time.perf_counter() - start
         self.logger.log(step, metrics)
         self._alarm(step, self.health.after_step(metrics, format_error_examples(groups)))

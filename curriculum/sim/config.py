@@ -6,11 +6,13 @@ fails in one line naming the key.
 """
 from __future__ import annotations
 
+from typing import Literal
+
 
 from pydantic import Field, ValidationError, model_validator
 
 from curriculum.compare import DEFAULT_MASTERY
-from curriculum.config import DifficultyConfig, PolicyConfig, StoreConfig, describe_error
+from curriculum.config import ColdStartConfig, DifficultyConfig, PolicyConfig, StoreConfig, describe_error
 from curriculum.schema import is_in_memory_sqlite
 from domains.config import StrictModel as _Strict
 
@@ -63,6 +65,8 @@ class ScenarioConfig(_Strict):
     # the trainer's dynamic sampling (DAPO): groups whose rewards all agree are left out and
     # replaced by groups drawn in the step's proportions of (domain, level), in up to this many rounds
     refill_rounds: int = Field(0, ge=0, description="dynamic sampling rounds (the trainer's default is 2)")
+    refill_from: Literal["plan", "dropped"] = Field("plan", description="refills in the plan's proportions, or "
+                                                    "from the (domain, level) of each group left out")
     # domains fitted to a real run: their names, starting skills, rates and slopes replace the drawn
     # ones (the effects above are still drawn, so leave them off); `domains` must count them
     fitted: list[FittedDomain] = Field(default_factory=list)
@@ -95,6 +99,7 @@ class SimAppConfig(_Strict):
     sim: ScenarioConfig
     policy: PolicyConfig
     difficulty: DifficultyConfig
+    cold_start: ColdStartConfig = ColdStartConfig()
     store: StoreConfig = StoreConfig()
 
     @model_validator(mode="after")

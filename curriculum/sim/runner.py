@@ -16,6 +16,8 @@ Metrics written per step (``store.metrics(run_id)``):
 - ``heldout/mastered`` — domains at or above ``sim.mastery``;
 - ``sim/rollouts`` — completions generated so far (the rollout budget, discarded ones included);
 - ``sim/zero_var_share`` — share of this step's groups whose rewards all agree;
+- ``domain/<name>/trained`` — the groups of the domain the learner learned from this step (with
+  ``sim.refill_rounds``, refills that varied in, agreeing groups out), only for domains with any;
 - ``heldout/domains`` — every ``sim.domains_every`` steps and at the last step: per-domain
   held-out success in thousandths (ints keep a thousand domains to a few KB a row).
 """
@@ -33,6 +35,7 @@ from curriculum.scheduler import StepWriteFailed
 from curriculum.types import rewards_agree
 from curriculum.sim.config import SimAppConfig
 from curriculum.sim.learner import KINDS, Learner, StepOutcome, build_world
+from curriculum.steps import trained_metrics
 from curriculum.store import StatsStore
 from curriculum.types import GroupArrays, Plan
 
@@ -55,23 +58,32 @@ def plan_arrays(plan: Plan, index: dict[str, int]) -> tuple[np.ndarray, np.ndarr
 
 
 def rollout_with_refills(learner: Learner, domain: np.ndarray, level: np.ndarray, rounds: int,
-                         rng: np.random.Generator) -> tuple[StepOutcome, StepOutcome]:
+                         rng: np.random.Generator, refill_from: str = "plan") -> tuple[StepOutcome, StepOutcome]:
     """The step's rollouts, and the groups it trains on. With ``rounds`` > 0 (the trainer's dynamic
     sampling) groups whose rewards all agree are left out and replaced, in up to ``rounds`` rounds,
-    by groups drawn in the plan's proportions of (domain, level); every group generated is recorded."""
+    by groups drawn in the plan's proportions of (domain, level) (``refill_from="plan"``) or from
+    the (domain, level) of each group left out (``"dropped"``, so the trained shares keep the
+    plan's); every group generated is recorded."""
     generated = [learner.rollout(domain, level)]
     if rounds == 0:
         return generated[0], generated[0]
-    kept = [generated[0].select(np.nonzero(~rewards_agree(generated[0].reward))[0])]
+    agree = rewards_agree(generated[0].reward)
+    kept = [generated[0].select(np.nonzero(~agree)[0])]
+    dropped = np.nonzero(agree)[0]  # planned slots still without a trained group
     for _ in range(rounds):
         missing = len(domain) - sum(len(k.domain) for k in kept)
         if missing <= 0:
             break
-        pick = rng.integers(0, len(domain), missing)  # the plan's proportions
+        if refill_from == "dropped":
+            pick = dropped
+        else:
+            pick = rng.integers(0, len(domain), missing)  # the plan's proportions
         refill = learner.rollout(domain[pick], level[pick])
         generated.append(refill)
-        varied = np.nonzero(~rewards_agree(refill.reward))[0]
+        agree = rewards_agree(refill.reward)
+        varied = np.nonzero(~agree)[0]
         kept.append(refill.select(np.sort(rng.permutation(varied)[:missing])))
+        dropped = pick[agree]
     return StepOutcome.concat(generated), StepOutcome.concat(kept)
 
 
@@ -126,20 +138,22 @@ def run_sim(cfg: SimAppConfig, store: StatsStore | None = None, progress_every: 
     writes = store if (store is None or cfg.store_results) else AggregatedWrites(store)
     curriculum = Curriculum(levels={name: levels for name in world.names}, policy=cfg.policy,
                             difficulty=cfg.difficulty, prompts_per_step=sc.prompts_per_step, seed=cfg.seed,
-                            store=writes, run_id=run_id, write_behind=cfg.write_behind and store is not None)
+                            store=writes, run_id=run_id, write_behind=cfg.write_behind and store is not None,
+                            cold_start=cfg.cold_start, group_size=sc.group_size)
     index = {name: i for i, name in enumerate(world.names)}
     start, status, rollouts, macro_sum = time.perf_counter(), "failed", 0, 0.0
     try:
         for step in range(1, sc.steps + 1):
             domain, level = plan_arrays(curriculum.plan(step), index)
             out, kept = rollout_with_refills(learner, domain, level, sc.refill_rounds,
-                                             np.random.default_rng([cfg.seed, step, 0x52454649]))
+                                             np.random.default_rng([cfg.seed, step, 0x52454649]), sc.refill_from)
             learner.learn(kept)
             rollouts += out.reward.size
             metrics = heldout_metrics(learner.heldout(), sc.mastery,
                                       step % sc.domains_every == 0 or step == sc.steps or step == 1)
             zero_var = rewards_agree(out.reward).mean() if len(domain) else 0.0
             metrics.update({"sim/rollouts": rollouts, "sim/zero_var_share": float(zero_var)})
+            metrics.update(trained_metrics(world.names[d] for d in kept.domain.tolist()))
             macro_sum += metrics["heldout/macro"]
             curriculum.record_outcomes(step, to_outcomes(out, world.names, step), metrics)
             if progress_every and step % progress_every == 0:

@@ -23,7 +23,9 @@ measures mastery of the family, not generalisation to unseen specs.
 """
 from __future__ import annotations
 
+import io
 import random
+import tokenize
 from typing import Any, Literal
 
 from pydantic import Field
@@ -105,6 +107,22 @@ class _ProceduralCodeDomain(CodeDomain):
                              self._chat_text(words, _chat_examples(shown)))
         return Task(domain=self.name, level=level, prompt=prompt, payload=payload, meta={"spec": words})
 
+    def hint(self, task: Task) -> str | None:
+        """The signature and the head of its one body line: about the first half of the returned
+        expression's tokens (``def f(x):\\n return max(x`` for ``max(x,3)``), so the model still
+        writes the rest; with ``completion: expression``, the head of the expression alone."""
+        expression = task.payload["reference"]
+        head = f"def f({self.arg}):\n return "
+        expression = expression.removeprefix(head)
+        start = expression_head(expression)
+        if start is None:
+            return None
+        if self.config.completion == "expression":
+            return start if self.config.prompt_style != "chat" else f"the expression begins `{start}`"
+        if self.config.prompt_style != "chat":
+            return head + start
+        return f"the function begins\n```python\n{head}{start}\n```"
+
     def _chat_text(self, words: str, examples: str) -> str:
         if self.config.completion == "expression":
             return (f"Complete `def f({self.arg}): return` with an expression that gives {words}.{examples} "
@@ -130,6 +148,20 @@ class _ProceduralCodeDomain(CodeDomain):
         chosen = chosen[: self.config.tests]
         rest = [a for a in pool if a not in chosen]
         return chosen + rest[: self.config.tests + self.config.examples - len(chosen)]
+
+
+def expression_head(expression: str) -> str | None:
+    """The first half (rounded up) of a Python expression's tokens, as written: ``max(x`` of
+    ``max(x,3)``, ``x*3`` of ``x*3+5``; None when it has a single token (a head would be all of it)."""
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(expression).readline)
+                  if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER, tokenize.INDENT,
+                                    tokenize.DEDENT)]
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    if len(tokens) < 2 or any(t.start[0] != 1 for t in tokens):
+        return None  # one token, or more than one line
+    return expression[:tokens[(len(tokens) + 1) // 2 - 1].end[1]]
 
 
 def _compact_examples(shown: list[dict[str, Any]]) -> str:

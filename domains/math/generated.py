@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from fractions import Fraction
 from typing import Callable, ClassVar
 
@@ -68,10 +69,54 @@ class ProceduralMath(MathAnswerDomain):
         """The problem in words, for prompt_style chat (``compact`` ends in ``=``)."""
         return f"What is {compact.rstrip('=')}? {BOX_REQUEST}"
 
+    def hint(self, task: Task) -> str | None:
+        """The first step of the worked solution (``first_step_hint``): ``7+8=15`` for ``47+38=``,
+        ``x=7-3`` for ``x+3=7``, ``3/6+2/6`` for ``1/2+1/3``; in chat, ``begin with 7+8=15``."""
+        question = task.prompt[-1]["content"]
+        step = first_step_hint(task.meta.get("solution") or "", str(task.payload["answer"]), question)
+        if step is None:
+            return None
+        return step if self.config.prompt_style != "chat" else f"begin with {step}"
+
     # One worked exchange before a chat question: SmolLM2-135M-Instruct boxed none of 24 arithmetic
     # answers asked in words alone and all of them after this (docs/experiments.md).
     chat_example: ClassVar[Messages] = exchange(f"What is 2+3? {BOX_REQUEST}",
                                                 "2 + 3 = 5. The final answer is \\boxed{5}.")
+
+
+# -- hints --------------------------------------------------------------------------------------------
+_NUMBER = re.compile(r"\(?(-?\d+)\)?(?:/\(?(-?\d+)\)?)?")
+
+
+def literal_value(text: str) -> Fraction | None:
+    """The value of a number written as a step writes one (``12``, ``-3``, ``(-3)``, ``56/(-8)``);
+    None for anything else (an expression, ``x``, a zero denominator)."""
+    match = _NUMBER.fullmatch(text.strip())
+    if match is None or match.group(2) in ("0", "-0"):
+        return None
+    return Fraction(int(match.group(1)), int(match.group(2) or 1))
+
+
+def first_step_hint(solution_text: str, answer: str, question: str) -> str | None:
+    """The hint of a worked solution (``domains.math.work.solution``): its first step, less a final
+    value equal to the answer (``x=40-(-3)=43`` → ``x=40-(-3)``; a one-step ``1/2+1/3`` ends
+    ``=5/6`` and becomes ``3/6+2/6``, the terms over their common denominator). None when what is
+    left the question already shows (``3+4`` of ``3+4=``, ``x`` of ``8x=56``): those one-step
+    problems have nothing between question and answer to give. The answer is never in a hint: no
+    side of its equation is a number equal to it."""
+    steps = [s for s in solution_text.split(",") if s and not s.startswith("\\boxed")]
+    if not steps:
+        return None
+    sides = steps[0].split("=")
+    gold = literal_value(answer)
+    if len(sides) > 1 and gold is not None and literal_value(sides[-1]) == gold:
+        sides = sides[:-1]
+    if gold is not None and any(literal_value(side) == gold for side in sides):
+        return None  # e.g. x=0 reached in the middle of a step: nothing left to hint
+    hint = "=".join(sides)
+    if len(sides) == 1 and hint in question:
+        return None
+    return hint
 
 
 # -- arithmetic -------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from domains.api import DomainConfig, Messages, Task, user_prompt
-from domains.tools.calls import render_call
+from domains.tools.calls import OPEN, render_call
 from domains.tools.environment import ToolConfig, ToolDomain, ToolEnvironment, ToolError, tool
 
 LIMIT = 10**12  # argument bound: keeps every result exact and every call cheap
@@ -66,6 +66,15 @@ class ProceduralToolDomain(ToolDomain):
 
     def _draw(self, level: int, rng: random.Random) -> Task:
         raise NotImplementedError(f"domain {self.name!r} must implement _draw()")
+
+    def hint(self, task: Task) -> str | None:
+        """The first call of the reference transcript, written exactly as the reference (and the
+        chat prompt's solved example) writes calls; the tool's answer, and so the final answer,
+        the model still has to get by making it. None for a task solved without a call."""
+        first = next(iter(task.payload.get("reference_turns", [])), "")
+        if not first.startswith(OPEN):
+            return None
+        return first if self.config.prompt_style != "chat" else f"make this call first: {first}"
 
 
 # -- calculator ------------------------------------------------------------------------------------
