@@ -39,12 +39,6 @@ class ColdStart:
         self.probe_share = min(1.0 / n_domains, probe_prompts / (self.window * prompts_per_step))
         self.cold_since = np.full(n_domains, -1, dtype=np.int64)  # first recorded step of the cold spell
 
-    @staticmethod
-    def cold(signals: Signals) -> np.ndarray:
-        """[D] bool: no success in the window (NaN success, an empty window, counts as none)."""
-        with np.errstate(invalid="ignore"):
-            return ~(signals.success > 0)
-
     # -- the plan ----------------------------------------------------------------------------------
     def probe_floors(self, signals: Signals, step: int) -> np.ndarray:
         """[D] the share each domain's plan must at least have at ``step``."""
@@ -54,7 +48,7 @@ class ColdStart:
         since = step - np.where(self.cold_since >= 0, self.cold_since, step)
         patient = since < self.cfg.probe_patience * self.window
         reprobe = (since % self.cfg.reprobe_every) < self.window
-        probing = self.cold(signals) & (patient | reprobe)
+        probing = signals.cold & (patient | reprobe)
         floors[probing] = self.probe_share
         total = floors.sum()
         return floors * min(1.0, self.cfg.probe_max_share / total) if total > 0 else floors
@@ -69,7 +63,7 @@ class ColdStart:
     # -- learning ----------------------------------------------------------------------------------
     def update(self, signals: Signals, step: int) -> np.ndarray:
         """Fold in the step just recorded; returns [D] bool, the domains to drop to their easiest level."""
-        cold = self.cold(signals)
+        cold = signals.cold
         self.cold_since = np.where(cold, np.where(self.cold_since >= 0, self.cold_since, step), -1)
         if not self.cfg.fall_to_easiest:
             return np.zeros(len(cold), dtype=bool)

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
+from curriculum.config import ColdStartConfig
+
 METRICS = ("auc", "final", "worst10", "to_target", "retention", "zero_var", "completions")
 LOWER_IS_BETTER = {"to_target", "zero_var", "completions"}
 WHOLE_NUMBERS = {"to_target", "completions"}
@@ -197,8 +199,6 @@ def split_labels(runs: list[dict]) -> dict[str, str]:
 def _help_tags(run: dict) -> str:
     """`` cold_start=probe_rate=0.05,...`` for a run with cold-start help, `` refill_from=dropped``
     for refills from the groups left out: runs stored before either existed get no tag."""
-    from curriculum.config import ColdStartConfig
-
     config = run.get("config") or {}
     defaults = ColdStartConfig().model_dump()
     cold = {k: v for k, v in (config.get("cold_start") or {}).items() if defaults.get(k) != v}

@@ -169,6 +169,13 @@ class Signals:
         return _safe_div(self._counts.total["successes"], self._counts.total["attempts"])
 
     @property
+    def cold(self) -> np.ndarray:
+        """[D] bool: no success in the window (an empty window counts as none): what every policy's
+        signal is zero for, and what the scheduler's cold start helps (``curriculum/cold_start.py``)."""
+        with np.errstate(invalid="ignore"):
+            return ~(self.success > 0)
+
+    @property
     def ema_success(self) -> np.ndarray:
         return self.ema
 

@@ -85,7 +85,7 @@ def test_a_domain_that_succeeds_leaves_the_probe():
     rng = random.Random(1)
     for step in range(6):
         record(sched, step, rng, skill={**SKILL, "cold": 0.6})
-    assert not sched.cold.cold(sched.signals)[sched.domains.index("cold")]
+    assert not sched.signals.cold[sched.domains.index("cold")]
     assert sched.cold.probe_floors(sched.signals, 6)[sched.domains.index("cold")] == 0.0
 
 

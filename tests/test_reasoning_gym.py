@@ -11,7 +11,8 @@ import pytest
 from curriculum.cli import main as cli_main
 from domains.api import Status, Task
 from domains.verify.pool import VerifierPool, verify_guarded
-from domains.reasoning_gym import ReasoningGymDomain, dataset_names, decode, encode
+from domains.reasoning_gym import ReasoningGymDomain, dataset_names
+from domains.reversible_json import decode, encode
 from domains.registry import DomainError, available, expand, load, load_all
 from trainer.config import validate_config
 from quick_settings import quick

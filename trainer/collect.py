@@ -87,10 +87,10 @@ class RolloutCollector:
             generated.append(refill)
             # keep a random subset of an overshooting refill: the first groups would always favour the
             # kinds sampled first (math before code before tool episodes)
-            chosen = planned_first(refill, dict(wanted), missing,
-                                   random.Random(f"refill/{self.seed}/{plan.step}/{refill_round}")) \
-                if t.sampling.refill_from == "dropped" else _sample_varied(refill, missing, random.Random(
-                    f"refill/{self.seed}/{plan.step}/{refill_round}"))
+            # (from dropped slots: each slot's own groups first, as in an oversampled first round)
+            first_for = dict(wanted) if t.sampling.refill_from == "dropped" else {}
+            chosen = planned_first(refill, first_for, missing,
+                                   random.Random(f"refill/{self.seed}/{plan.step}/{refill_round}"))
             kept += [(refill_round, p) for p in sorted(chosen)]
         kept = kept or [(0, p) for p in everything]  # nothing varied: train on zeros (a no-op)
         parts = [generated[r].select([p for r2, p in kept if r2 == r]) for r in range(len(generated))]
@@ -130,8 +130,3 @@ class RolloutCollector:
 
 def _slot(task: Task) -> tuple[str, int]:
     return task.domain, task.level
-
-
-def _sample_varied(batch: StepBatch, total: int, rng: random.Random) -> list[int]:
-    varied = varied_groups(batch)
-    return rng.sample(varied, min(total, len(varied)))

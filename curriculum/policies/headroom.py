@@ -44,7 +44,7 @@ class HeadroomPolicy(MixingPolicy):
         p = np.nan_to_num(signals.success, nan=0.0)
         room = np.clip(self.target - p, 0.0, None)
         progress = np.clip(np.nan_to_num(signals.success_slope), 0.0, None) * signals.window
-        trust = np.where(p > 0, 1.0, self.cold_trust)
+        trust = np.where(signals.cold, self.cold_trust, 1.0)
         return room * (trust + self.gain * progress)
 
     def weights(self, signals: Signals, step: int) -> np.ndarray:
