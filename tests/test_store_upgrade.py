@@ -89,8 +89,12 @@ def test_a_version_1_store_reads_and_upgrades_to_what_today_writes(v1_url, tmp_p
     with StatsStore(f"sqlite:///{tmp_path / 'new.db'}") as new:
         new_run = run_sim(fixture_config(), new).run_id
         # the same run, stored as arrays, reads the same rows (to the last bit but one: a fresh simulation's
-        # float sums round by the CPU's vector width, and the fixture was written on another kind of CPU)
-        assert same_up_to_rounding(readings(new, new_run), before)
+        # float sums round by the CPU's vector width, and the fixture was written on another kind of CPU);
+        # today's simulator also logs each domain's trained groups, a metric the fixture predates
+        today = readings(new, new_run)
+        assert any(k.endswith("/trained") for m in today["metrics"] for k in m)
+        today["metrics"] = [{k: v for k, v in m.items() if not k.endswith("/trained")} for m in today["metrics"]]
+        assert same_up_to_rounding(today, before)
         np.testing.assert_equal(rebuilt_state(new, new.run(new_run)), old_state)
 
 
