@@ -33,7 +33,7 @@ for part in "${parts[@]}"; do
         memory) timeout 240 "$PY" bench/memory.py --model 358m --device cuda --rows 64 --prompt 64 --completion 256 \
                     --micro 16 || status=1 ;;
         sampler) timeout 200 "$PY" bench/sampler.py --device cuda --repeats 2 || status=1 ;;
-        mainjob) timeout 150 "$PY" bench/gpu_main_job.py || status=1 ;;
+        mainjob) timeout 240 "$PY" bench/gpu_main_job.py || status=1 ;;
         realjob) timeout 300 "$PY" bench/real_model.py --skip base,bf16,trl --steps 3 --eval-tasks 1 --overrides \
                     "model=tiny model.tiny.hidden_size=896 model.tiny.layers=24 model.tiny.heads=14 model.tiny.kv_heads=2
                      model.tiny.intermediate_size=4864 model.device=cuda" || status=1 ;;

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trainer.config import TrainerConfig
-from trainer.decode import CapturedSampler, Shape, hashed_uniform, pick_tokens
+from trainer.decode import CapturedSampler, PrefillTypedCache, Shape, hashed_uniform, pick_tokens
 from trainer.models import encode_prompt, load_model, load_tokenizer
 from trainer.rollout import StopText, generate, positions
 from trainer.logprobs import sequence_logprobs
@@ -148,10 +148,10 @@ def test_the_eager_sampler_gives_the_same_greedy_tokens_with_a_shared_prefill(ti
           generate(model, prompts, **_kwargs(tok, temperature=0.0), share_prefill=False))
 
 
-def test_auto_samples_eagerly_on_every_device_until_a_graph_has_run_on_one():
-    assert TrainerConfig().sampler_kind("cpu") == "hf"
-    # the captured sampler has never been recorded on hardware: a first GPU run takes the tested path
-    assert TrainerConfig().sampler_kind("cuda") == "hf"
+def test_auto_captures_on_cuda_and_samples_eagerly_elsewhere():
+    assert TrainerConfig().sampler_kind("cpu") == "hf"  # on the CPU the captured loop runs eagerly, slower
+    assert TrainerConfig().sampler_kind("cuda") == "captured"
+    assert TrainerConfig(sampling={"rollout_backend": "hf"}).sampler_kind("cuda") == "hf"
     assert TrainerConfig(sampling={"rollout_backend": "captured"}).sampler_kind("cuda") == "captured"
     assert TrainerConfig(system={"sharding": "fsdp"}).sampler_kind("cuda") == "hf"
     with pytest.raises(ValueError, match="fsdp samples with the trainer's own eager sampler"):
@@ -203,3 +203,19 @@ def test_a_step_that_cannot_be_recorded_falls_back_to_the_eager_sampler(tiny, ca
     assert sampler.unrecordable and "sampling with the eager sampler from now on" in capsys.readouterr().err
     _same(sampler(model, prompts, **greedy), generate(model, prompts, **greedy))
     assert capsys.readouterr().err == ""  # said once
+
+
+def test_a_decode_step_in_another_dtype_is_stored_in_the_prefills(tiny):
+    # on an H200 (transformers 5.17) the decode step's keys came out in bf16 against the prefill's fp32
+    # under autocast; the eager sampler's DynamicCache promotes them, a static cache must cast them
+    model, _ = tiny
+    cache = PrefillTypedCache(config=model.config, max_cache_len=4)
+    heads, width = model.config.num_key_value_heads, model.config.hidden_size // model.config.num_attention_heads
+    prefill = torch.randn(2, heads, 1, width)
+    for layer in cache.layers:
+        layer.lazy_initialization(prefill, prefill.to(torch.bfloat16))
+        layer.cumulative_length.fill_(1)  # the prefill's one position, as DecodeState.load leaves it
+    step = torch.randn(2, heads, 1, width)
+    keys, values = cache.update(step.to(torch.bfloat16), step, 0, {"cache_position": torch.tensor([1])})
+    assert keys.dtype == torch.float32 and values.dtype == torch.bfloat16
+    assert torch.equal(keys[:, :, 1:2], step.to(torch.bfloat16).float())

@@ -104,6 +104,21 @@ class Shape(NamedTuple):
                    cast, end_ids, pad_id)
 
 
+class PrefillTypedCache(StaticCache):
+    """A StaticCache that stores each decode step's keys and values in the dtypes the prefill left.
+
+    Under CUDA autocast the decode step's keys can come out in bf16 while the prefill's are fp32 (seen
+    on an H200, transformers 5.17); the eager sampler's DynamicCache concatenates the two, which
+    promotes to fp32, but a static cache writes in place and refuses mixed dtypes. Casting on write
+    keeps what the eager sampler keeps."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        if isinstance(getattr(layer, "keys", None), torch.Tensor):  # allocated (by the prefill's copy)
+            key_states, value_states = key_states.to(layer.keys.dtype), value_states.to(layer.values.dtype)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
 class DecodeState:
     """Everything one decode step reads and writes, at fixed addresses, for one Shape."""
 
@@ -111,7 +126,7 @@ class DecodeState:
         rows, length, pad_id = shape.rows, shape.width + shape.budget, shape.pad_id
         self.model, self.shape, self.pad_id = model, shape, pad_id
         self.end_ids = torch.tensor(shape.end_ids, device=device)
-        self.cache = StaticCache(config=model.config, max_cache_len=length)
+        self.cache = PrefillTypedCache(config=model.config, max_cache_len=length)
         for static, layer in zip(self.cache.layers, kv.layers):
             # shaped and typed after the prefill's: under autocast the rotary embedding leaves keys in
             # fp32 and values in bf16
