@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from trainer.losses import grpo_loss
-from trainer.models import encode_prompt, load_model, load_tokenizer
-from trainer.rollout import Rollout, generate
-from trainer.logprobs import sequence_logprobs
-from trainer.tiny_model import build_tiny_model
+from trainer.update.losses import grpo_loss
+from trainer.models.loading import encode_prompt, load_model, load_tokenizer
+from trainer.sampling.rollout import Rollout, generate
+from trainer.update.logprobs import sequence_logprobs
+from trainer.models.tiny_model import build_tiny_model
 
 CUDA = torch.device("cuda")
 # Qwen2.5-0.5B's shape without its vocabulary (the tiny tokenizer's is small): ~360M parameters.
@@ -149,7 +149,7 @@ def vllm_agreement(policy, engine, prompts, tokenizer, max_new_tokens: int) -> t
 
 
 def check_vllm(path: str, tokenizer, prompts, max_new_tokens: int, tolerance: float) -> bool:
-    from trainer.vllm_engine import VLLMEngine
+    from trainer.sampling.vllm_engine import VLLMEngine
 
     policy = load_model(path, CUDA).eval()
     engine = VLLMEngine(path, dtype="float32", seed=0)

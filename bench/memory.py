@@ -100,14 +100,14 @@ def launch(args: argparse.Namespace, name: str) -> dict:
 
 
 def measure(args: argparse.Namespace, name: str) -> dict:
-    from trainer import distributed
-    from trainer.adapters import attach_lora
+    from trainer.recipe import distributed
+    from trainer.models.adapters import attach_lora
     from trainer.config import LoraConfig, TrainerConfig
-    from trainer.models import checkpoint_activations, load_model
-    from trainer.reference import make_reference
+    from trainer.models.loading import checkpoint_activations, load_model
+    from trainer.update.reference import make_reference
     from trainer.runtime import autocast
-    from trainer.sharding import shard
-    from trainer.update import PolicyUpdate
+    from trainer.models.sharding import shard
+    from trainer.update.step import PolicyUpdate
 
     _, settings, ranks = SETUPS[name]
     world = distributed.init()
@@ -145,8 +145,8 @@ def measure(args: argparse.Namespace, name: str) -> dict:
 
 
 def model_folder(name: str) -> str:
-    from trainer.pretrained import converted_smollm2
-    from trainer.tiny_model import build_tiny_model
+    from trainer.models.pretrained import converted_smollm2
+    from trainer.models.tiny_model import build_tiny_model
 
     if name == "smollm2":
         return str(converted_smollm2(None))
@@ -157,7 +157,7 @@ def model_folder(name: str) -> str:
 
 def synthetic_rows(args: argparse.Namespace, vocab: int):
     """``--rows`` random sequences (completions of full length) with advantages of both signs."""
-    from trainer.rollout import Rollout
+    from trainer.sampling.rollout import Rollout
 
     g = torch.Generator().manual_seed(0)
     width = args.prompt + args.completion

@@ -96,8 +96,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from domains.registry import load_all
-from trainer.models import load_tokenizer
-from trainer.pretrained import converted_smollm2
+from trainer.models.loading import load_tokenizer
+from trainer.models.pretrained import converted_smollm2
 
 steps, out = int(sys.argv[1]), sys.argv[2]
 names = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists"]

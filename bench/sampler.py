@@ -1,8 +1,8 @@
 """The trainer's samplers side by side, in one run: tokens/s and the ratios between them.
 
 - ``eager, every row prefilled``: the sampler as it was (``generate(share_prefill=False)``);
-- ``eager``: the same loop with each group's prompt prefilled once (``trainer.rollout.generate``);
-- ``captured``: the static-cache sampler (trainer/decode.py); on CUDA its decode step is a recorded
+- ``eager``: the same loop with each group's prompt prefilled once (``trainer.sampling.rollout.generate``);
+- ``captured``: the static-cache sampler (trainer/sampling/decode.py); on CUDA its decode step is a recorded
   graph, and its first call, which records it, is timed apart as the cold cost.
 
 On the CPU (default) the shape is the main job's: the built-in tiny model (the saved warm start given
@@ -31,11 +31,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_check import SMALL_SHAPE  # noqa: E402
-from trainer.decode import CapturedSampler  # noqa: E402
-from trainer.models import encode_prompt, end_token_ids, load_model, load_tokenizer  # noqa: E402
-from trainer.rollout import generate  # noqa: E402
-from trainer.logprobs import sequence_logprobs  # noqa: E402
-from trainer.tiny_model import build_tiny_model  # noqa: E402
+from trainer.sampling.decode import CapturedSampler  # noqa: E402
+from trainer.models.loading import encode_prompt, end_token_ids, load_model, load_tokenizer  # noqa: E402
+from trainer.sampling.rollout import generate  # noqa: E402
+from trainer.update.logprobs import sequence_logprobs  # noqa: E402
+from trainer.models.tiny_model import build_tiny_model  # noqa: E402
 
 SHAPES = {  # random-weight shapes for CUDA (the tiny tokenizer's vocabulary)
     "358M": SMALL_SHAPE,  # the GPU check's
@@ -110,8 +110,8 @@ def real_model_rows():
     tasks x 4 completions of <= 128 tokens."""
     from domains.registry import load
     from trainer.config import ModelConfig
-    from trainer.models import load_policy
-    from trainer.pretrained import converted_smollm2
+    from trainer.models.loading import load_policy
+    from trainer.models.pretrained import converted_smollm2
 
     tokenizer, model = load_policy(str(converted_smollm2(None)), ModelConfig(type="smollm2"), torch.device("cpu"))
     tasks = load("arithmetic").configure({"prompt_style": "chat"}).sample(2, 8, random.Random(0))

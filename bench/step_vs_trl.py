@@ -32,7 +32,7 @@ PROMPTS, GROUP, NEW_TOKENS, BETA = 8, 8, 16, 0.04
 
 def palestra_recipe(workdir: Path, threads: int):
     from trainer.config import validate_config
-    from trainer.grpo import GRPORecipe
+    from trainer.recipe.grpo import GRPORecipe
 
     config = validate_config({
         "name": "bench", "seed": 0, "output_dir": str(workdir / "palestra"),
@@ -59,7 +59,7 @@ def trl_trainer(model_dir: str, workdir: Path, between_steps):
 
     from domains.math.answer import grade_answer
     from domains.math.generated import ARITHMETIC
-    from trainer.models import load_tokenizer
+    from trainer.models.loading import load_tokenizer
 
     tasks = ARITHMETIC.sample(1, 512, random.Random(0))
     data = Dataset.from_list([{"prompt": t.prompt, "answer": t.payload["answer"]} for t in tasks])

@@ -25,8 +25,8 @@ def main() -> None:
 
     from curriculum.store import default_store_url
     from trainer.integrations.trl import TRLCurriculum
-    from trainer.models import load_tokenizer
-    from trainer.tiny_model import build_tiny_model
+    from trainer.models.loading import load_tokenizer
+    from trainer.models.tiny_model import build_tiny_model
 
     opts = _options()
     out = Path(opts.out).resolve()

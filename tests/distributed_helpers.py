@@ -35,7 +35,7 @@ def main_with_a_failing_rank() -> None:
     import os
 
     from trainer import app
-    from trainer.grpo import GRPORecipe
+    from trainer.recipe.grpo import GRPORecipe
 
     train_step = GRPORecipe.train_step
 

@@ -13,7 +13,7 @@ from curriculum.cli import main as cli
 from curriculum.store import StatsStore
 from quick_settings import quick
 from trainer.app import run
-from trainer.audit import CanaryPaid
+from trainer.recipe.audit import CanaryPaid
 from trainer.config import validate_config
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned verifier workers import weak_verifier from here

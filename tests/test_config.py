@@ -91,7 +91,7 @@ def test_bad_values_fail_in_one_line_naming_the_key(override, message):
      "difficulty: domain 'arithmetic' has no level 9"),
 ])
 def test_settings_that_name_domains_or_levels_are_checked_before_any_work(tmp_path, section, message):
-    from trainer.grpo import GRPORecipe
+    from trainer.recipe.grpo import GRPORecipe
 
     raw = {"domains": ["arithmetic", "fractions"], "policy": {"type": "learnability"},
            "difficulty": {"type": "threshold"}, "output_dir": str(tmp_path / "run"), **section}

@@ -1,15 +1,15 @@
-"""The captured sampler (trainer/decode.py), run eagerly on the CPU: its static-cache loop gives
+"""The captured sampler (trainer/sampling/decode.py), run eagerly on the CPU: its static-cache loop gives
 the eager sampler's greedy tokens, its in-graph draws follow the distribution, and new weight
 tensors rebuild what was recorded for the old ones."""
 import pytest
 import torch
 
 from trainer.config import TrainerConfig
-from trainer.decode import CapturedSampler, PrefillTypedCache, Shape, hashed_uniform, pick_tokens
-from trainer.models import encode_prompt, load_model, load_tokenizer
-from trainer.rollout import StopText, generate, positions
-from trainer.logprobs import sequence_logprobs
-from trainer.tiny_model import build_tiny_model
+from trainer.sampling.decode import CapturedSampler, PrefillTypedCache, Shape, hashed_uniform, pick_tokens
+from trainer.models.loading import encode_prompt, load_model, load_tokenizer
+from trainer.sampling.rollout import StopText, generate, positions
+from trainer.update.logprobs import sequence_logprobs
+from trainer.models.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def test_auto_captures_on_cuda_and_samples_eagerly_elsewhere():
 
 
 def test_lora_adapters_switched_off_rebuild_the_recorded_step(tiny):
-    from trainer.adapters import adapter_free, attach_lora
+    from trainer.models.adapters import adapter_free, attach_lora
     from trainer.config import LoraConfig
 
     base, tok = tiny

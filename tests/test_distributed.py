@@ -25,13 +25,13 @@ from safetensors.torch import load_file
 from curriculum.store import StatsStore
 from trainer.app import CONF_DIR, run, to_config
 from trainer.config import ConfigError, validate_config
-from trainer.distributed import World
-from trainer.batch import generation_chunks
-from trainer.episodes import by_rollout
-import trainer.grpo
-from trainer.grpo import GRPORecipe
-from trainer.losses import group_advantages
-from trainer.update import PolicyUpdate
+from trainer.recipe.distributed import World
+from trainer.sampling.batch import generation_chunks
+from trainer.sampling.episodes import by_rollout
+import trainer.recipe.grpo
+from trainer.recipe.grpo import GRPORecipe
+from trainer.update.losses import group_advantages
+from trainer.update.step import PolicyUpdate
 from quick_settings import quick
 
 HERE = Path(__file__).parent
@@ -229,7 +229,7 @@ def test_a_step_trains_the_blend_on_the_rehearsal_tasks(one_step, monkeypatch):
     t = recipe.cfg.trainer
     seen = []
 
-    real_collect, real_blend = recipe.collector.collect_step, trainer.grpo.blend_for_rank
+    real_collect, real_blend = recipe.collector.collect_step, trainer.recipe.grpo.blend_for_rank
 
     def recording_collect(*args):
         rollouts = real_collect(*args)
@@ -245,7 +245,7 @@ def test_a_step_trains_the_blend_on_the_rehearsal_tasks(one_step, monkeypatch):
         raise _Stop  # the step's tasks are known; no need to train
 
     monkeypatch.setattr(recipe.collector, "collect_step", recording_collect)
-    monkeypatch.setattr(trainer.grpo, "blend_for_rank", recording_blend)
+    monkeypatch.setattr(trainer.recipe.grpo, "blend_for_rank", recording_blend)
     monkeypatch.setattr(PolicyUpdate, "__call__", recording_update)
     t.loss.sft_coef, t.loss.sft_source = 0.5, "warm_start"
     try:
@@ -350,7 +350,7 @@ def test_a_failing_rank_ends_the_launch_instead_of_hanging_it(tmp_path, failing_
 
 @pytest.mark.parametrize("mu", [1, 2])  # two passes: the old policy's log-probs are taken packed too
 def test_the_shared_prefix_update_equals_the_plain_one(one_step, mu):
-    # each group's prompt encoded once (trainer/shared_prefix.py), groups split across micro-batches
+    # each group's prompt encoded once (trainer/update/shared_prefix.py), groups split across micro-batches
     # of 3 rows, a KL reference: the same gradient and statistics as a row per completion
     recipe, batch = one_step
     t = recipe.cfg.trainer
@@ -380,8 +380,8 @@ def test_the_shared_prefix_update_equals_the_plain_one(one_step, mu):
 
 def test_every_log_prob_of_the_update_is_taken_at_the_sampling_temperature(one_step, monkeypatch):
     # the policy's, the old policy's and the reference's log-probs all score softmax(logits / T)
-    import trainer.update
-    from trainer.logprobs import sequence_logprobs
+    import trainer.update.step
+    from trainer.update.logprobs import sequence_logprobs
 
     recipe, batch = one_step
     seen = []
@@ -390,7 +390,7 @@ def test_every_log_prob_of_the_update_is_taken_at_the_sampling_temperature(one_s
         seen.append(kwargs.get("temperature", 1.0))
         return sequence_logprobs(*args, **kwargs)
 
-    monkeypatch.setattr(trainer.update, "sequence_logprobs", recording)
+    monkeypatch.setattr(trainer.update.step, "sequence_logprobs", recording)
     t = recipe.cfg.trainer
     weights = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     t.sampling.temperature, t.optim.mu = 0.7, 2  # mu > 1: the old policy's log-probs are taken too

@@ -269,7 +269,9 @@ def refusal(app: str, args: tuple[str, ...]) -> str | None:
 
 # -- keys from before the groups --------------------------------------------------------------------
 STALE_KEY = re.compile(r"(?<![\w/-])trainer\.(\w+)")
-TRAINER_MODULES = {p.stem for p in (ROOT / "trainer").glob("*.py")}  # trainer.sharding is also a module
+# what may follow "trainer." in code rather than in a key: a top-level module or a layer package
+TRAINER_MODULES = ({p.stem for p in (ROOT / "trainer").glob("*.py")}
+                   | {p.parent.name for p in (ROOT / "trainer").glob("*/__init__.py")})
 LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+\.)\s")
 
 

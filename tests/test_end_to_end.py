@@ -10,8 +10,8 @@ from curriculum.store import StatsStore
 from domains.registry import available, load
 from trainer.config import validate_config
 from quick_settings import quick
-from trainer.grpo import GRPORecipe
-from trainer.losses import group_advantages
+from trainer.recipe.grpo import GRPORecipe
+from trainer.update.losses import group_advantages
 
 PLUGIN = '''
 """A throwaway third-party domain: the reward is the share of distinct digits in the completion,
@@ -80,7 +80,7 @@ def test_grpo_run_end_to_end(tmp_path, plugin_package):
     try:
         recipe.setup()
         # parameters after the SFT warm start are compared with those after GRPO
-        from trainer.sft import warm_start
+        from trainer.recipe.sft import warm_start
         warm_start(recipe.model, recipe.tokenizer, recipe.domains, config.sft, draw=recipe.curriculum.draw,
                    seed=config.seed, log=lambda *a: None)
         before = {k: v.detach().clone() for k, v in recipe.model.named_parameters()}
@@ -118,7 +118,7 @@ def test_main_entry_runs_and_reports_heldout(tmp_path, plugin_package):
     assert (tmp_path / "run" / "sft-model" / "config.json").exists()  # the KL anchor (beta > 0)
     assert any((tmp_path / "run" / "tensorboard").iterdir())
     # the warm-started model is a model folder of its own (model=hf model.name_or_path=<run>/sft-model)
-    from trainer.models import load_tokenizer
+    from trainer.models.loading import load_tokenizer
 
     own = load_tokenizer(str(tmp_path / "run" / "sft-model"), tiny=False)
     original = load_tokenizer(str(tmp_path / "run" / "tiny-model"), tiny=True)
@@ -219,13 +219,14 @@ def test_the_warm_start_and_the_update_run_on_their_own_thread_count_and_samplin
         tmp_path, monkeypatch, phase_threads):
     import os
 
-    import trainer.grpo
+    import trainer.recipe.grpo
 
     seen = {}
-    from trainer.collect import RolloutCollector
-    from trainer.update import PolicyUpdate
+    from trainer.sampling.collect import RolloutCollector
+    from trainer.update.step import PolicyUpdate
 
-    real_warm_start, real_update, real_collect = trainer.grpo.warm_start, PolicyUpdate.__call__, RolloutCollector.collect
+    real_warm_start = trainer.recipe.grpo.warm_start
+    real_update, real_collect = PolicyUpdate.__call__, RolloutCollector.collect
 
     def recording_warm_start(*args, **kwargs):
         seen["sft"] = torch.get_num_threads()
@@ -239,7 +240,7 @@ def test_the_warm_start_and_the_update_run_on_their_own_thread_count_and_samplin
         seen.setdefault("sample", set()).add(torch.get_num_threads())
         return real_collect(self, *args, **kwargs)
 
-    monkeypatch.setattr(trainer.grpo, "warm_start", recording_warm_start)
+    monkeypatch.setattr(trainer.recipe.grpo, "warm_start", recording_warm_start)
     monkeypatch.setattr(PolicyUpdate, "__call__", recording_update)
     monkeypatch.setattr(RolloutCollector, "collect", recording_collect)
     config = tiny_config(tmp_path, domains=["arithmetic"], model=ON_CPU,
@@ -261,7 +262,7 @@ def test_the_sampling_threads_come_back_when_an_update_fails(tmp_path, monkeypat
     def failing_update(self, *args, **kwargs):
         raise RuntimeError("update failed")
 
-    from trainer.update import PolicyUpdate
+    from trainer.update.step import PolicyUpdate
 
     monkeypatch.setattr(PolicyUpdate, "__call__", failing_update)
     recipe = GRPORecipe(tiny_config(tmp_path, domains=["arithmetic"], model=ON_CPU,
@@ -332,7 +333,7 @@ def test_an_oversampled_round_trains_the_planned_share_first():
     from types import SimpleNamespace
 
     from domains.api import Task
-    from trainer.batch import StepBatch, planned_first
+    from trainer.sampling.batch import StepBatch, planned_first
 
     def group(domain, rewards):
         return Task(domain=domain, level=1, prompt="q", payload={}), rewards

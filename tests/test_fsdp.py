@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM
 
 from trainer.app import CONF_DIR, run, to_config
-from trainer.sharding import load_sharded
+from trainer.models.sharding import load_sharded
 from test_distributed import HERE, OVERRIDES, _env, _rows, _torchrun, _weights
 
 SHARDED = [*OVERRIDES, "trainer.system.sharding=fsdp"]

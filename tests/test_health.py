@@ -1,7 +1,7 @@
 """Health alarms fire on the conditions they name, and only then."""
 import torch
 
-from trainer.health import HealthConfig, HealthMonitor
+from trainer.recipe.health import HealthConfig, HealthMonitor
 
 
 def test_kl_and_entropy_bounds():
@@ -74,8 +74,8 @@ def _saved(state: dict):
 
 
 def test_console_tables_fit_long_domain_names():
-    from trainer.evaluate import format_eval
-    from trainer.metrics import domain_table
+    from trainer.recipe.evaluate import format_eval
+    from trainer.recipe.metrics import domain_table
 
     long = "rg_palindrome_generation"
     table = domain_table({"step": 3, f"domain/{long}/reward": 0.5, "domain/x/tool_calls": 1.0})

@@ -22,7 +22,7 @@ from domains.tools.builtin import TOOL_CALCULATOR, TOOL_KV_STORE, TOOL_LOOKUP
 from domains.tools.calls import parse_turn
 from domains.verify.pool import Verdict
 from trainer.config import EvalConfig, SamplingConfig
-from trainer.evaluate import HeldoutEvaluation
+from trainer.recipe.evaluate import HeldoutEvaluation
 
 MATH = [ARITHMETIC, LINEAR_EQUATIONS, FRACTIONS]
 TOOLS = [TOOL_CALCULATOR, TOOL_KV_STORE, TOOL_LOOKUP]

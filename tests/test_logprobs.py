@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from trainer.adapters import attach_lora
+from trainer.models.adapters import attach_lora
 from trainer.config import LoraConfig
-from trainer.logprobs import decoder_and_head, pick, sequence_logprobs
-from trainer.models import encode_prompt, load_model, load_tokenizer
-from trainer.rollout import generate, positions
-from trainer.shared_prefix import grouped_logprobs, pack_by_prompt
-from trainer.tiny_model import build_tiny_model
+from trainer.update.logprobs import decoder_and_head, pick, sequence_logprobs
+from trainer.models.loading import encode_prompt, load_model, load_tokenizer
+from trainer.sampling.rollout import generate, positions
+from trainer.update.shared_prefix import grouped_logprobs, pack_by_prompt
+from trainer.models.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

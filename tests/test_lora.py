@@ -12,12 +12,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainer.adapters import merged_state
+from trainer.models.adapters import merged_state
 from trainer.app import run
 from trainer.config import ConfigError, validate_config
-from trainer.grpo import GRPORecipe
-from trainer.losses import group_advantages
-from trainer.update import _Rows
+from trainer.recipe.grpo import GRPORecipe
+from trainer.update.losses import group_advantages
+from trainer.update.step import _Rows
 from quick_settings import quick
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned verifier workers import distributed_helpers from here

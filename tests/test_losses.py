@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from trainer.logprobs import pick
-from trainer.losses import aggregate, grpo_loss, group_advantages, kl_k3
+from trainer.update.logprobs import pick
+from trainer.update.losses import aggregate, grpo_loss, group_advantages, kl_k3
 
 
 def test_group_advantages_group_std():
@@ -111,7 +111,7 @@ def test_token_logprobs_matches_log_softmax():
 
 
 def test_the_lr_schedule_warms_up_then_holds_or_decays_towards_zero():
-    from trainer.schedule import lr_factor
+    from trainer.update.schedule import lr_factor
 
     # 10 updates, 2 of warm-up: factors after 0..9 earlier updates
     assert [lr_factor(s, 2, 10, "constant") for s in range(10)] == [0.5] + [1.0] * 9
@@ -125,7 +125,7 @@ def test_the_lr_schedule_warms_up_then_holds_or_decays_towards_zero():
 
 
 def test_a_resumed_schedule_takes_the_configured_rate_and_keeps_its_place():
-    from trainer.schedule import apply_settings, lr_factor
+    from trainer.update.schedule import apply_settings, lr_factor
 
     def optimizer_and_schedule(lr):
         optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=lr, weight_decay=0.0)

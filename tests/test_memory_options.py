@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from trainer.config import ConfigError, validate_config
-from trainer.grpo import GRPORecipe
-from trainer.reference import Reference
+from trainer.recipe.grpo import GRPORecipe
+from trainer.update.reference import Reference
 from test_lora import settings
 
 

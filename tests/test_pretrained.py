@@ -5,9 +5,9 @@ from importlib.metadata import PackageNotFoundError
 
 import pytest
 
-from trainer import pretrained
+from trainer.models import pretrained
 from trainer.config import ConfigError, ModelConfig
-from trainer.models import check_model_source
+from trainer.models.loading import check_model_source
 
 
 @pytest.fixture()

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerFast
 
 from domains.tools.calls import offer_tools
 from trainer.config import ModelConfig
-from trainer.models import encode_prompt, template_takes_tools
+from trainer.models.loading import encode_prompt, template_takes_tools
 
 PROCEDURAL = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists",
               "tool_calculator", "tool_kv_store", "tool_lookup"]
@@ -104,7 +104,7 @@ def test_a_saved_copy_of_the_tiny_model_keeps_its_compact_prompts(tmp_path):
     # learned (its config.json says so), not in words: asked in words it fails every task
     from transformers import AutoModelForCausalLM
 
-    from trainer.tiny_model import build_tiny_model
+    from trainer.models.tiny_model import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "tiny", hidden_size=16, layers=1, heads=2, kv_heads=1, intermediate_size=32)
     AutoModelForCausalLM.from_pretrained(tiny).save_pretrained(tmp_path / "warm-start")

@@ -258,7 +258,7 @@ def test_the_conf_tree_selects_ray_by_override():
 # -- a GRPO run verifying on Ray ----------------------------------------------------------------------------
 @pytest.mark.sandbox
 def test_grpo_steps_verify_on_ray(tmp_path, pool):
-    from trainer.grpo import GRPORecipe
+    from trainer.recipe.grpo import GRPORecipe
 
     config = validate_config(quick({
         "name": "ray", "seed": 1, "output_dir": str(tmp_path / "run"),

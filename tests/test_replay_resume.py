@@ -20,7 +20,7 @@ from curriculum.schema import RunRow
 from curriculum.store import StatsStore
 from trainer.app import run
 from trainer.config import ConfigError, validate_config
-from trainer.grpo import GRPORecipe
+from trainer.recipe.grpo import GRPORecipe
 from quick_settings import quick
 
 HERE = Path(__file__).parent
@@ -182,7 +182,7 @@ def test_an_unreachable_store_stops_with_a_checkpoint_that_loses_nothing(tmp_pat
     from sqlalchemy import event
 
     from curriculum.store import StoreUnavailable
-    from trainer.grpo import GRPORecipe
+    from trainer.recipe.grpo import GRPORecipe
 
     db = tmp_path / "run" / "palestra.db"
     recipe = GRPORecipe(validate_config(tiny(tmp_path, ["arithmetic"], steps=4)))

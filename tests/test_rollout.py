@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from domains.tools.calls import CLOSE as TOOL_CALL_END
-from trainer.models import encode_prompt, load_model, load_tokenizer
-from trainer.rollout import StopText, generate, left_pad, positions
-from trainer.logprobs import sequence_logprobs
-from trainer.tiny_model import build_tiny_model
+from trainer.models.loading import encode_prompt, load_model, load_tokenizer
+from trainer.sampling.rollout import StopText, generate, left_pad, positions
+from trainer.update.logprobs import sequence_logprobs
+from trainer.models.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +23,8 @@ def _prompts(tokenizer):
 
 
 def test_models_for_cuda_leave_cudnn_attention_out():
-    # cuDNN's attention plans every new shape, and sampling makes one per token (trainer/models.py)
-    from trainer.models import avoid_per_shape_attention_plans
+    # cuDNN's attention plans every new shape, and sampling makes one per token (trainer/models/loading.py)
+    from trainer.models.loading import avoid_per_shape_attention_plans
 
     torch.backends.cuda.enable_cudnn_sdp(True)
     avoid_per_shape_attention_plans()
@@ -106,9 +106,10 @@ class Scripted(torch.nn.Module):
 
 @pytest.mark.parametrize("tag_as", ["one special token", "its characters"])
 def test_the_closing_tag_stops_a_row_however_it_is_tokenised(tiny, tag_as, monkeypatch):
-    import trainer.rollout
+    import trainer.sampling.rollout
 
-    monkeypatch.setattr(trainer.rollout, "COMPACT_SHARE", 2.0)  # the scripted rows cannot follow a row that leaves
+    # the scripted rows cannot follow a row that leaves
+    monkeypatch.setattr(trainer.sampling.rollout, "COMPACT_SHARE", 2.0)
     _, tok = tiny
     stop = StopText(tok, TOOL_CALL_END)
     call = tok('{"name":"add"}}', add_special_tokens=False)["input_ids"]
@@ -147,7 +148,7 @@ def test_sampling_is_reproducible_with_a_generator(tiny):
 def test_sampling_stops_at_every_end_token_the_generation_config_names(tiny):
     """An instruct model may end its turn with a token other than its tokenizer's end-of-text one
     (SmolLM2's <|im_end|>): generation stops at each end token the model's generation config names."""
-    from trainer.models import end_token_ids
+    from trainer.models.loading import end_token_ids
 
     model, tok = tiny
     other_end = tok.convert_tokens_to_ids("x")
@@ -168,7 +169,7 @@ def test_sampling_stops_at_every_end_token_the_generation_config_names(tiny):
 def test_finished_rows_leave_the_batch_without_changing_the_draws(tiny, monkeypatch):
     # rows that end early stop being decoded; every draw is still made for the whole batch, so a
     # seeded call samples exactly what it did with every row kept to the end
-    import trainer.rollout
+    import trainer.sampling.rollout
 
     model, tok = tiny
     prompts = _prompts(tok) * 4
@@ -183,9 +184,9 @@ def test_finished_rows_leave_the_batch_without_changing_the_draws(tiny, monkeypa
         return rollout, [rows for rows, width in rows_decoded if width == 1]  # the decode steps' batches
 
     try:
-        monkeypatch.setattr(trainer.rollout, "COMPACT_SHARE", 0.0)  # a row leaves as soon as it ends
+        monkeypatch.setattr(trainer.sampling.rollout, "COMPACT_SHARE", 0.0)  # a row leaves as soon as it ends
         leaving, leaving_rows = sample()
-        monkeypatch.setattr(trainer.rollout, "COMPACT_SHARE", 2.0)  # never: every row to the end
+        monkeypatch.setattr(trainer.sampling.rollout, "COMPACT_SHARE", 2.0)  # never: every row to the end
         staying, staying_rows = sample()
     finally:
         hook.remove()

@@ -14,7 +14,7 @@ from curriculum.store import StatsStore, StoreUnavailable
 from domains.registry import DomainError
 from trainer.app import run
 from trainer.config import ConfigError, ModelConfig, validate_config
-from trainer.models import load_policy
+from trainer.models.loading import load_policy
 from quick_settings import quick
 
 BROKEN_PLUGIN = '''

@@ -7,9 +7,9 @@ import torch
 
 from curriculum.store import StatsStore
 from trainer.config import ModelConfig, validate_config
-from trainer.models import encode_prompt, end_token_ids, load_policy
-from trainer.pretrained import converted_smollm2
-from trainer.rollout import generate, positions
+from trainer.models.loading import encode_prompt, end_token_ids, load_policy
+from trainer.models.pretrained import converted_smollm2
+from trainer.sampling.rollout import generate, positions
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_sampling_stops_at_the_end_of_turn_and_agrees_with_a_full_forward(smollm
 
 
 def test_one_grpo_step_on_the_real_model(tmp_path, cache):
-    from trainer.grpo import GRPORecipe
+    from trainer.recipe.grpo import GRPORecipe
 
     config = validate_config({
         "name": "smollm2", "seed": 0, "output_dir": str(tmp_path / "run"), "domains": ["arithmetic"],

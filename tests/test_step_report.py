@@ -7,9 +7,9 @@ from curriculum.types import rewards_agree
 from domains.api import Status, Task, VerifyResult, user_prompt
 from domains.math.generated import ARITHMETIC
 from domains.verify.pool import Verdict
-from trainer.batch import StepBatch
-from trainer.collect import StepRollouts
-from trainer.losses import group_advantages
+from trainer.sampling.batch import StepBatch
+from trainer.sampling.collect import StepRollouts
+from trainer.update.losses import group_advantages
 
 G = 2
 TASK = Task("arithmetic", 1, user_prompt("2+2="), {"answer": "4"})

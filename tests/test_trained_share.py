@@ -9,7 +9,7 @@ from curriculum.cli import main
 from curriculum.run_summary import domain_stats
 from curriculum.store import StatsStore
 from test_end_to_end import plugin_package, tiny_config  # noqa: F401  (plugin_package is a fixture)
-from trainer.grpo import GRPORecipe
+from trainer.recipe.grpo import GRPORecipe
 
 
 def test_each_step_logs_the_groups_trained_per_domain_and_stats_shows_both_shares(tmp_path, plugin_package, capsys):

@@ -21,7 +21,7 @@ from curriculum.store import StatsStore
 from domains.api import Task
 from domains.verify.pool import verify_guarded
 from domains.registry import DomainError
-from trainer.losses import group_advantages
+from trainer.update.losses import group_advantages
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned verifier workers import trl_helpers from here
 from trl_helpers import BY_LENGTH, CRASHING  # noqa: E402
@@ -187,8 +187,8 @@ def test_trl_grpo_trainer_trains_on_the_curriculum(tmp_path, capsys):
     import trl
     from transformers import AutoModelForCausalLM
 
-    from trainer.models import load_tokenizer
-    from trainer.tiny_model import build_tiny_model
+    from trainer.models.loading import load_tokenizer
+    from trainer.models.tiny_model import build_tiny_model
 
     torch.manual_seed(0)
     model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64)
@@ -274,8 +274,8 @@ def test_each_generation_batch_is_one_recorded_step_however_trl_batches(tmp_path
     import trl
     from transformers import AutoModelForCausalLM
 
-    from trainer.models import load_tokenizer
-    from trainer.tiny_model import build_tiny_model
+    from trainer.models.loading import load_tokenizer
+    from trainer.models.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64)
     args = trl.GRPOConfig(

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from trainer.config import TrainerConfig
-from trainer.rollout import assemble, left_pad
-from trainer.vllm_engine import VLLMEngine, VLLMUnavailable, _import_vllm
+from trainer.sampling.rollout import assemble, left_pad
+from trainer.sampling.vllm_engine import VLLMEngine, VLLMUnavailable, _import_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS, PAD = 1, 0

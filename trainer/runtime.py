@@ -12,7 +12,7 @@ from typing import ContextManager, Iterator
 import numpy as np
 import torch
 
-from trainer import distributed
+from trainer.recipe import distributed
 
 
 def seed_everything(seed: int) -> None:

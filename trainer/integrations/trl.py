@@ -27,7 +27,7 @@ Where this departs from Palestra's own trainer, and why:
 - the mix adapts one step late: TRL's data loader reads a batch ahead (accelerate's look-ahead and
   the gradient-accumulation prefetch), so the plan of step t+1 is drawn before step t is scored.
   The curriculum allows exactly this overlap: a plan depends only on the steps recorded before it;
-- the advantages stored with each result are Palestra's (``trainer.losses.group_advantages``), so
+- the advantages stored with each result are Palestra's (``trainer.update.losses.group_advantages``), so
   the learnability signals mean what they mean in Palestra runs; TRL trains on its own advantages
   (it divides by the unbiased group std);
 - no held-out evaluation, prompt selection, dynamic sampling or multi-turn tool domains here;
@@ -62,7 +62,7 @@ from domains.api import FAILURE_STATUSES, Domain, Task
 from domains.verify.backend import VerifierConfig, make_pool
 from domains.verify.pool import Verdict, VerifierPool
 from domains.registry import load_all
-from trainer.losses import group_advantages
+from trainer.update.losses import group_advantages
 
 ADVANTAGE_STD_MODES = ("group", "batch", "none")
 _LIVE: "weakref.WeakValueDictionary[str, TRLCurriculum]" = weakref.WeakValueDictionary()

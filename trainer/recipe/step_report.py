@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from trainer.collect import StepRollouts
+from trainer.sampling.collect import StepRollouts
 
 
 def step_metrics(step: int, rollouts: StepRollouts, update: dict[str, float], timer: dict[str, float]) -> dict[str, Any]:

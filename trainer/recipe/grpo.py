@@ -1,12 +1,12 @@
 """The GRPO recipe: setup / train / save_checkpoint / cleanup.
 
 One step: the curriculum plans how many prompts per (domain, level) and draws the tasks; the
-collector samples G completions per task and verifies them (``trainer/collect.py``);
-group-relative advantages feed the policy update (``trainer/update.py``); the step's groups go
+collector samples G completions per task and verifies them (``trainer/sampling/collect.py``);
+group-relative advantages feed the policy update (``trainer/update/step.py``); the step's groups go
 back to the curriculum, which records them in one store transaction and learns from them.
 
 Under ``torchrun`` the ranks share each step's sampling, verification and training; rank 0 alone
-holds the curriculum and the store (``trainer/distributed.py`` explains the split).
+holds the curriculum and the store (``trainer/recipe/distributed.py`` explains the split).
 """
 from __future__ import annotations
 
@@ -29,27 +29,27 @@ from domains.canaries import canary_alarms, run_canaries
 from domains.verify.backend import make_pool
 from domains.verify.pool import Pool, VerifierPoolBroken
 from domains.registry import load_all
-from trainer import checkpoint, distributed, step_report
-from trainer.adapters import attach_lora, base_state, save_plain, training_the_base
-from trainer.audit import CanaryPaid, canary_summary
-from trainer.collect import RolloutCollector
+from trainer.recipe import checkpoint, distributed, step_report
+from trainer.models.adapters import attach_lora, base_state, save_plain, training_the_base
+from trainer.recipe.audit import CanaryPaid, canary_summary
+from trainer.sampling.collect import RolloutCollector
 from trainer.config import ConfigError, PalestraConfig, as_stored_now, changed_settings
-from trainer.decode import CapturedSampler
-from trainer.evaluate import HeldoutEvaluation, format_eval
-from trainer.health import HealthMonitor
-from trainer.losses import group_advantages
-from trainer.metrics import MetricsLogger
-from trainer.reference import make_reference
-from trainer.sharding import all_finite, gathered, is_sharded, shard
-from trainer.models import (check_model_source, check_resumable, checkpoint_activations, load_policy, model_path,
-                            pick_device)
-from trainer.rollout import Sampler, generate
+from trainer.sampling.decode import CapturedSampler
+from trainer.recipe.evaluate import HeldoutEvaluation, format_eval
+from trainer.recipe.health import HealthMonitor
+from trainer.update.losses import group_advantages
+from trainer.recipe.metrics import MetricsLogger
+from trainer.update.reference import make_reference
+from trainer.models.sharding import all_finite, gathered, is_sharded, shard
+from trainer.models.loading import (check_model_source, check_resumable, checkpoint_activations, load_policy,
+                                    model_path, pick_device)
+from trainer.sampling.rollout import Sampler, generate
 from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, precision, resume_hint,
                              seed_everything, within_share)
-from trainer.schedule import apply_settings, lr_factor
-from trainer.sft import warm_start, warm_start_counts
-from trainer.update import PolicyUpdate, SFTBlend, blend_for_rank
-from trainer.vllm_engine import VLLMEngine
+from trainer.update.schedule import apply_settings, lr_factor
+from trainer.recipe.sft import warm_start, warm_start_counts
+from trainer.update.step import PolicyUpdate, SFTBlend, blend_for_rank
+from trainer.sampling.vllm_engine import VLLMEngine
 
 
 class GRPORecipe:

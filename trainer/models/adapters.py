@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 
 from trainer.config import ConfigError, LoraConfig
-from trainer.sharding import full_state_dict
+from trainer.models.sharding import full_state_dict
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # what peft's save_pretrained writes
 PEFT_PREFIX = "base_model.model."  # how peft's wrapper prefixes the base model's names

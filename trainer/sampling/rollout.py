@@ -76,7 +76,7 @@ def stop_text(tokenizer, text: str) -> StopText:
 
 
 # Anything called like ``generate`` below: the trainer's own sampler, or the vLLM engine
-# (trainer/vllm_engine.py), which ignores the model argument and samples from its pushed weights.
+# (trainer/sampling/vllm_engine.py), which ignores the model argument and samples from its pushed weights.
 Sampler = Callable[..., "Rollout"]
 
 

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from domains.api import Messages, one_line
 from domains.tools.calls import offer_tools
 from trainer.config import ConfigError, ModelConfig
-from trainer.pretrained import converted_smollm2, smollm2_source
-from trainer.tiny_model import TinyShapeMismatch, build_tiny_model, shape_differences, tiny_shape
+from trainer.models.pretrained import converted_smollm2, smollm2_source
+from trainer.models.tiny_model import TinyShapeMismatch, build_tiny_model, shape_differences, tiny_shape
 
 
 def pick_device(choice: str) -> torch.device:

@@ -14,9 +14,9 @@ import torch
 
 from domains.api import Domain, Task
 from trainer.config import SFTConfig
-from trainer.episodes import transcript_tokens
-from trainer.models import encode_completion, encode_prompt
-from trainer.rollout import left_pad, positions
+from trainer.sampling.episodes import transcript_tokens
+from trainer.models.loading import encode_completion, encode_prompt
+from trainer.sampling.rollout import left_pad, positions
 
 
 Example = tuple[list[int], list[int], list[int]]  # prompt ids, completion ids, loss mask over the completion

@@ -10,8 +10,8 @@ from domains.api import Domain, Task
 from domains.verify.pool import Pool
 from domains.registry import DomainError
 from trainer.config import EvalConfig, SamplingConfig
-from trainer.episodes import by_rollout, sample_rows
-from trainer.rollout import Sampler, generate
+from trainer.sampling.episodes import by_rollout, sample_rows
+from trainer.sampling.rollout import Sampler, generate
 
 
 Hits = dict[tuple[str, int], list[float]]  # (domain, level) -> each held-out task's success (0/1, or a share)

@@ -13,8 +13,8 @@ import torch
 from curriculum.types import rewards_agree
 from domains.api import Domain, Task
 from domains.verify.pool import Verdict
-from trainer.episodes import by_rollout
-from trainer.rollout import Rollout
+from trainer.sampling.episodes import by_rollout
+from trainer.sampling.rollout import Rollout
 
 
 @dataclass

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from domains.api import Domain, Task
-from trainer.models import encode_prompt, end_token_ids
-from trainer.rollout import Rollout, Sampler, assemble, generate, left_pad, stop_text
+from trainer.models.loading import encode_prompt, end_token_ids
+from trainer.sampling.rollout import Rollout, Sampler, assemble, generate, left_pad, stop_text
 
 
 @dataclass

@@ -13,7 +13,7 @@ A recorded step reads the weights by address, so an optimizer step (in place) is
 replay; anything that gives the model new tensors — a dtype change, a state dict loaded by
 assignment, LoRA adapters switched or merged — changes ``weights_key`` and the sampler records its
 steps again. On the CPU the same loop runs eagerly (there is nothing to record); the trainer's CPU
-default stays ``trainer.rollout.generate``, whose random draws the main job's results rest on.
+default stays ``trainer.sampling.rollout.generate``, whose random draws the main job's results rest on.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from typing import NamedTuple, Sequence
 import torch
 from transformers import DynamicCache, StaticCache
 
-from trainer.rollout import (Rollout, StopText, as_ids, assemble, cache_keyword, generate, left_pad, positions,
-                             prefill)
+from trainer.sampling.rollout import (Rollout, StopText, as_ids, assemble, cache_keyword, generate, left_pad, positions,
+                                      prefill)
 
 BUCKET = 64  # prompt widths and token budgets are rounded up to a multiple of this
 MIN_ROWS = 8  # rows are rounded up to a power of two, at least this
@@ -206,7 +206,7 @@ class DecodeState:
 
 
 class CapturedSampler:
-    """Called like ``trainer.rollout.generate``; keeps a few recorded shapes between calls."""
+    """Called like ``trainer.sampling.rollout.generate``; keeps a few recorded shapes between calls."""
 
     def __init__(self, sync_every: int = 8, capture: bool | None = None) -> None:
         self.sync_every = sync_every

@@ -13,10 +13,10 @@ from typing import Iterator
 
 import torch
 
-from trainer.adapters import adapter_free, has_adapters
-from trainer.distributed import World
-from trainer.models import load_model
-from trainer.sharding import is_sharded, load_full_state_dict, shard
+from trainer.models.adapters import adapter_free, has_adapters
+from trainer.recipe.distributed import World
+from trainer.models.loading import load_model
+from trainer.models.sharding import is_sharded, load_full_state_dict, shard
 
 
 def make_reference(policy: torch.nn.Module, post_sft: str, placement: str, device: torch.device,

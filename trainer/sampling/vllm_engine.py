@@ -2,7 +2,7 @@
 
 The engine runs colocated in the trainer's process, holds its own copy of the policy's weights and
 gets the trained weights pushed into it after every optimizer step (``push_weights``). It returns
-the same ``Rollout`` as ``trainer.rollout.generate``, so everything downstream (verification, the
+the same ``Rollout`` as ``trainer.sampling.rollout.generate``, so everything downstream (verification, the
 loss, the store) is unchanged; the trainer still recomputes the log-probs of the sampled tokens with
 its own forward pass, so any numerical difference between the engines changes which tokens are
 sampled, never the gradient's formula. ``bench/gpu_check.sh`` checks on a GPU that the two engines
@@ -21,8 +21,8 @@ from typing import Sequence
 
 import torch
 
-from trainer.adapters import has_adapters, merged_state
-from trainer.rollout import Rollout, StopText, as_ids, assemble, left_pad
+from trainer.models.adapters import has_adapters, merged_state
+from trainer.sampling.rollout import Rollout, StopText, as_ids, assemble, left_pad
 
 
 class VLLMUnavailable(RuntimeError):
@@ -41,7 +41,7 @@ def _import_vllm():
 
 
 class VLLMEngine:
-    """Batched sampling with vLLM, called like ``trainer.rollout.generate`` (the model argument is
+    """Batched sampling with vLLM, called like ``trainer.sampling.rollout.generate`` (the model argument is
     ignored: the engine samples from the weights last pushed into it)."""
 
     def __init__(self, model_path: str | Path, *, gpu_memory_utilization: float = 0.3,

@@ -1,0 +1,3 @@
+"""The GRPO loop that ties ``models``, ``sampling`` and ``update`` together (``grpo``), with what runs
+around it: the SFT warm start, evaluation, checkpoints, health alarms, metrics, audits and the ranks
+under torchrun (``distributed``)."""
