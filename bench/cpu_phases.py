@@ -36,14 +36,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from domains.registry import load_all  # noqa: E402
+from trainer.models.loading import load_model, load_tokenizer  # noqa: E402
+from trainer.models.tiny_model import build_tiny_model  # noqa: E402
+from trainer.recipe.distributed import core_share  # noqa: E402
+from trainer.recipe.sft import length_buckets, reference_pairs, supervised_loss  # noqa: E402
 from trainer.sampling.batch import generation_chunks  # noqa: E402
 from trainer.sampling.episodes import by_rollout, sample_rows  # noqa: E402
-from trainer.recipe.distributed import core_share  # noqa: E402
-from trainer.models.loading import load_model, load_tokenizer  # noqa: E402
-from trainer.update.losses import grpo_loss  # noqa: E402
 from trainer.update.logprobs import sequence_logprobs  # noqa: E402
-from trainer.recipe.sft import length_buckets, reference_pairs, supervised_loss  # noqa: E402
-from trainer.models.tiny_model import build_tiny_model  # noqa: E402
+from trainer.update.losses import grpo_loss  # noqa: E402
 
 DOMAINS = ["arithmetic", "linear_equations", "fractions", "code_functions", "code_lists",
            "tool_calculator", "tool_kv_store", "tool_lookup"]  # the main job's

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from trainer.update.losses import grpo_loss
 from trainer.models.loading import encode_prompt, load_model, load_tokenizer
+from trainer.models.tiny_model import build_tiny_model
 from trainer.sampling.rollout import Rollout, generate
 from trainer.update.logprobs import sequence_logprobs
-from trainer.models.tiny_model import build_tiny_model
+from trainer.update.losses import grpo_loss
 
 CUDA = torch.device("cuda")
 # Qwen2.5-0.5B's shape without its vocabulary (the tiny tokenizer's is small): ~360M parameters.

@@ -100,13 +100,13 @@ def launch(args: argparse.Namespace, name: str) -> dict:
 
 
 def measure(args: argparse.Namespace, name: str) -> dict:
-    from trainer.recipe import distributed
-    from trainer.models.adapters import attach_lora
     from trainer.config import LoraConfig, TrainerConfig
+    from trainer.models.adapters import attach_lora
     from trainer.models.loading import checkpoint_activations, load_model
-    from trainer.update.reference import make_reference
-    from trainer.runtime import autocast
     from trainer.models.sharding import shard
+    from trainer.recipe import distributed
+    from trainer.runtime import autocast
+    from trainer.update.reference import make_reference
     from trainer.update.step import PolicyUpdate
 
     _, settings, ranks = SETUPS[name]

@@ -31,11 +31,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_check import SMALL_SHAPE  # noqa: E402
-from trainer.sampling.decode import CapturedSampler  # noqa: E402
 from trainer.models.loading import encode_prompt, end_token_ids, load_model, load_tokenizer  # noqa: E402
+from trainer.models.tiny_model import build_tiny_model  # noqa: E402
+from trainer.sampling.decode import CapturedSampler  # noqa: E402
 from trainer.sampling.rollout import generate  # noqa: E402
 from trainer.update.logprobs import sequence_logprobs  # noqa: E402
-from trainer.models.tiny_model import build_tiny_model  # noqa: E402
 
 SHAPES = {  # random-weight shapes for CUDA (the tiny tokenizer's vocabulary)
     "358M": SMALL_SHAPE,  # the GPU check's

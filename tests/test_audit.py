@@ -13,8 +13,8 @@ from curriculum.cli import main as cli
 from curriculum.store import StatsStore
 from quick_settings import quick
 from trainer.app import run
-from trainer.recipe.audit import CanaryPaid
 from trainer.config import validate_config
+from trainer.recipe.audit import CanaryPaid
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned verifier workers import weak_verifier from here
 

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from trainer.config import TrainerConfig
-from trainer.sampling.decode import CapturedSampler, PrefillTypedCache, Shape, hashed_uniform, pick_tokens
 from trainer.models.loading import encode_prompt, load_model, load_tokenizer
+from trainer.models.tiny_model import build_tiny_model
+from trainer.sampling.decode import CapturedSampler, PrefillTypedCache, Shape, hashed_uniform, pick_tokens
 from trainer.sampling.rollout import StopText, generate, positions
 from trainer.update.logprobs import sequence_logprobs
-from trainer.models.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +159,8 @@ def test_auto_captures_on_cuda_and_samples_eagerly_elsewhere():
 
 
 def test_lora_adapters_switched_off_rebuild_the_recorded_step(tiny):
-    from trainer.models.adapters import adapter_free, attach_lora
     from trainer.config import LoraConfig
+    from trainer.models.adapters import adapter_free, attach_lora
 
     base, tok = tiny
     model = type(base)(base.config).eval()

@@ -26,10 +26,10 @@ from curriculum.store import StatsStore
 from trainer.app import CONF_DIR, run, to_config
 from trainer.config import ConfigError, validate_config
 from trainer.recipe.distributed import World
-from trainer.sampling.batch import generation_chunks
-from trainer.sampling.episodes import by_rollout
 import trainer.recipe.grpo
 from trainer.recipe.grpo import GRPORecipe
+from trainer.sampling.batch import generation_chunks
+from trainer.sampling.episodes import by_rollout
 from trainer.update.losses import group_advantages
 from trainer.update.step import PolicyUpdate
 from quick_settings import quick

@@ -8,9 +8,9 @@ import torch
 from domains.api import Status, VerifyResult
 from domains.registry import load_all
 from trainer.config import EvalConfig
-from trainer.recipe.evaluate import evaluate, heldout_tasks, paired_gain_interval, summarise
 from trainer.models.loading import load_model, load_tokenizer
 from trainer.models.tiny_model import build_tiny_model
+from trainer.recipe.evaluate import evaluate, heldout_tasks, paired_gain_interval, summarise
 
 
 def test_summarise_pools_levels_per_domain_and_averages_domains():

@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from trainer.models.adapters import attach_lora
 from trainer.config import LoraConfig
-from trainer.update.logprobs import decoder_and_head, pick, sequence_logprobs
+from trainer.models.adapters import attach_lora
 from trainer.models.loading import encode_prompt, load_model, load_tokenizer
-from trainer.sampling.rollout import generate, positions
-from trainer.update.shared_prefix import grouped_logprobs, pack_by_prompt
 from trainer.models.tiny_model import build_tiny_model
+from trainer.sampling.rollout import generate, positions
+from trainer.update.logprobs import decoder_and_head, pick, sequence_logprobs
+from trainer.update.shared_prefix import grouped_logprobs, pack_by_prompt
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainer.models.adapters import merged_state
 from trainer.app import run
 from trainer.config import ConfigError, validate_config
+from trainer.models.adapters import merged_state
 from trainer.recipe.grpo import GRPORecipe
 from trainer.update.losses import group_advantages
 from trainer.update.step import _Rows

@@ -5,8 +5,8 @@ from importlib.metadata import PackageNotFoundError
 
 import pytest
 
-from trainer.models import pretrained
 from trainer.config import ConfigError, ModelConfig
+from trainer.models import pretrained
 from trainer.models.loading import check_model_source
 
 

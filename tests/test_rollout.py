@@ -6,9 +6,9 @@ import torch
 
 from domains.tools.calls import CLOSE as TOOL_CALL_END
 from trainer.models.loading import encode_prompt, load_model, load_tokenizer
+from trainer.models.tiny_model import build_tiny_model
 from trainer.sampling.rollout import StopText, generate, left_pad, positions
 from trainer.update.logprobs import sequence_logprobs
-from trainer.models.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

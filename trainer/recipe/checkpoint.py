@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.models.adapters import ADAPTER_WEIGHTS, MERGED, has_adapters, load_adapters, merged_state, save_plain
 from trainer.config import ConfigError
-from trainer.recipe.distributed import World
+from trainer.models.adapters import ADAPTER_WEIGHTS, MERGED, has_adapters, load_adapters, merged_state, save_plain
 from trainer.models.sharding import SHARDED, is_sharded, load_sharded, save_sharded
+from trainer.recipe.distributed import World
 
 PREFIX = "step-"
 

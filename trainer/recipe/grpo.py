@@ -29,27 +29,27 @@ from domains.canaries import canary_alarms, run_canaries
 from domains.verify.backend import make_pool
 from domains.verify.pool import Pool, VerifierPoolBroken
 from domains.registry import load_all
-from trainer.recipe import checkpoint, distributed, step_report
-from trainer.models.adapters import attach_lora, base_state, save_plain, training_the_base
-from trainer.recipe.audit import CanaryPaid, canary_summary
-from trainer.sampling.collect import RolloutCollector
 from trainer.config import ConfigError, PalestraConfig, as_stored_now, changed_settings
-from trainer.sampling.decode import CapturedSampler
-from trainer.recipe.evaluate import HeldoutEvaluation, format_eval
-from trainer.recipe.health import HealthMonitor
-from trainer.update.losses import group_advantages
-from trainer.recipe.metrics import MetricsLogger
-from trainer.update.reference import make_reference
-from trainer.models.sharding import all_finite, gathered, is_sharded, shard
+from trainer.models.adapters import attach_lora, base_state, save_plain, training_the_base
 from trainer.models.loading import (check_model_source, check_resumable, checkpoint_activations, load_policy,
                                     model_path, pick_device)
-from trainer.sampling.rollout import Sampler, generate
+from trainer.models.sharding import all_finite, gathered, is_sharded, shard
+from trainer.recipe import checkpoint, distributed, step_report
+from trainer.recipe.audit import CanaryPaid, canary_summary
+from trainer.recipe.evaluate import HeldoutEvaluation, format_eval
+from trainer.recipe.health import HealthMonitor
+from trainer.recipe.metrics import MetricsLogger
+from trainer.recipe.sft import warm_start, warm_start_counts
 from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, precision, resume_hint,
                              seed_everything, within_share)
-from trainer.update.schedule import apply_settings, lr_factor
-from trainer.recipe.sft import warm_start, warm_start_counts
-from trainer.update.step import PolicyUpdate, SFTBlend, blend_for_rank
+from trainer.sampling.collect import RolloutCollector
+from trainer.sampling.decode import CapturedSampler
+from trainer.sampling.rollout import Sampler, generate
 from trainer.sampling.vllm_engine import VLLMEngine
+from trainer.update.losses import group_advantages
+from trainer.update.reference import make_reference
+from trainer.update.schedule import apply_settings, lr_factor
+from trainer.update.step import PolicyUpdate, SFTBlend, blend_for_rank
 
 
 class GRPORecipe:

@@ -14,8 +14,8 @@ import torch
 
 from domains.api import Domain, Task
 from trainer.config import SFTConfig
-from trainer.sampling.episodes import transcript_tokens
 from trainer.models.loading import encode_completion, encode_prompt
+from trainer.sampling.episodes import transcript_tokens
 from trainer.sampling.rollout import left_pad, positions
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from trainer.sampling.rollout import positions, takes_logits_to_keep
 from trainer.models.sharding import is_sharded
+from trainer.sampling.rollout import positions, takes_logits_to_keep
 
 CHUNK_TOKENS = 1024  # completion positions per head chunk: 1024 x 49,152 fp32 logits = 200 MB
 

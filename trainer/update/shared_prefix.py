@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.update.logprobs import CHUNK_TOKENS, decoder_and_head, chunked_head, sequence_logprobs
 from trainer.sampling.rollout import distinct_rows
+from trainer.update.logprobs import CHUNK_TOKENS, decoder_and_head, chunked_head, sequence_logprobs
 
 PROMPT = -1  # segment id of the prompt's columns
 PADDING = -2  # of the columns after a packed row's end

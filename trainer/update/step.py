@@ -19,14 +19,14 @@ import torch
 
 from domains.api import Domain, Task
 from trainer.config import TrainerConfig
-from trainer.recipe.distributed import World
-from trainer.update.losses import grpo_loss
-from trainer.update.reference import Reference
 from trainer.models.sharding import is_sharded, join_passes, total_norm
+from trainer.recipe.distributed import World
+from trainer.recipe.sft import reference_pairs, supervised_loss
 from trainer.sampling.rollout import Rollout
 from trainer.update.logprobs import sequence_logprobs
+from trainer.update.losses import grpo_loss
+from trainer.update.reference import Reference
 from trainer.update.shared_prefix import grouped_logprobs
-from trainer.recipe.sft import reference_pairs, supervised_loss
 
 # A row whose |advantage| is below this adds nothing to the policy loss (see rows_to_train).
 _NO_ADVANTAGE = 1e-6
