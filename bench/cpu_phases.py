@@ -5,7 +5,7 @@
    at most 16 tasks of one rollout kind (single completions or tool episodes, one token budget) —
    against batches of one domain, as before.
 2. The SFT warm start on this rank's share of the cores — against one thread.
-3. SFT micro-batches of examples of similar length (trainer/recipe/sft.py ``length_buckets``) — against
+3. SFT micro-batches of examples of similar length (trainer/update/supervised.py ``length_buckets``) — against
    one micro-batch per domain, as before.
 4. The GRPO update (forward and backward of the clipped loss over one step's rollouts) on this
    rank's share of the cores — against one thread, as before: the verifiers are idle by then.
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from domains.registry import load_all  # noqa: E402
 from trainer.models.loading import load_model, load_tokenizer  # noqa: E402
 from trainer.models.tiny_model import build_tiny_model  # noqa: E402
-from trainer.recipe.distributed import core_share  # noqa: E402
-from trainer.recipe.sft import length_buckets, reference_pairs, supervised_loss  # noqa: E402
+from trainer.distributed import core_share  # noqa: E402
+from trainer.update.supervised import length_buckets, reference_pairs, supervised_loss  # noqa: E402
 from trainer.sampling.batch import generation_chunks  # noqa: E402
 from trainer.sampling.episodes import by_rollout, sample_rows  # noqa: E402
 from trainer.update.logprobs import sequence_logprobs  # noqa: E402

@@ -104,7 +104,7 @@ def measure(args: argparse.Namespace, name: str) -> dict:
     from trainer.models.adapters import attach_lora
     from trainer.models.loading import checkpoint_activations, load_model
     from trainer.models.sharding import shard
-    from trainer.recipe import distributed
+    from trainer import distributed
     from trainer.runtime import autocast
     from trainer.update.reference import make_reference
     from trainer.update.step import PolicyUpdate

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from curriculum.store import StatsStore
 from trainer.app import CONF_DIR, run, to_config
 from trainer.config import ConfigError, validate_config
-from trainer.recipe.distributed import World
+from trainer.distributed import World
 import trainer.recipe.grpo
 from trainer.recipe.grpo import GRPORecipe
 from trainer.sampling.batch import generation_chunks

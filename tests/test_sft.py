@@ -8,7 +8,8 @@ import torch
 from domains.registry import load_all
 from trainer.models.loading import load_model, load_tokenizer
 from trainer.models.tiny_model import build_tiny_model
-from trainer.recipe.sft import _accumulate, length_buckets, reference_pairs, supervised_loss, warm_start_counts
+from trainer.recipe.sft import _accumulate, warm_start_counts
+from trainer.update.supervised import length_buckets, reference_pairs, supervised_loss
 
 
 def fake_example(prompt: int, completion: int):

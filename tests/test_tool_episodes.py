@@ -9,7 +9,7 @@ from domains.registry import load_all
 from domains.tools.calls import CLOSE as TOOL_CALL_END
 from trainer.models.loading import encode_prompt, load_model, load_tokenizer
 from trainer.models.tiny_model import build_tiny_model
-from trainer.recipe.sft import reference_pairs, supervised_loss
+from trainer.update.supervised import reference_pairs, supervised_loss
 from trainer.sampling.decode import CapturedSampler
 from trainer.sampling.episodes import run_episodes, tool_message_tokens, transcript_tokens
 from trainer.sampling.rollout import as_ids, assemble, left_pad

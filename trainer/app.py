@@ -40,7 +40,7 @@ def run(config: PalestraConfig | None) -> dict[str, Any]:
     """Train with ``config``. Under torchrun, rank 0 passes the config it validated and the other
     ranks pass None and receive it, so every rank trains with the very same settings (including
     an output_dir that Hydra stamped with rank 0's clock)."""
-    from trainer.recipe import distributed
+    from trainer import distributed
     from trainer.recipe.grpo import GRPORecipe  # heavy imports only once the config is known to be valid
 
     config = distributed.init().broadcast(config)

@@ -12,7 +12,7 @@ from typing import ContextManager, Iterator
 import numpy as np
 import torch
 
-from trainer.recipe import distributed
+from trainer import distributed
 
 
 def seed_everything(seed: int) -> None:

@@ -3,7 +3,7 @@
 Each decoder layer, then the whole model, goes through ``fully_shard``: a rank holds 1/N of every
 parameter, of its gradient and of the optimizer's moments, and gathers a layer's full weights only
 for that layer's forward and backward. The step keeps the replicated ranks' semantics
-(trainer/recipe/distributed.py): rank 0 plans and records, every rank samples and trains on its share,
+(trainer/distributed.py): rank 0 plans and records, every rank samples and trains on its share,
 and the ranks' gradients are *summed* — the reduce-scatter's divide factor is 1, so each rank's
 loss, weighted by its share of the step's normaliser, adds up to the one-process gradient.
 
@@ -32,7 +32,7 @@ from typing import Iterator
 
 import torch
 
-from trainer.recipe.distributed import World
+from trainer.distributed import World
 
 SHARDED = "sharded"  # a checkpoint's torch.distributed.checkpoint folder: the model and the optimizer
 

@@ -16,7 +16,7 @@ import torch
 from trainer.config import ConfigError
 from trainer.models.adapters import ADAPTER_WEIGHTS, MERGED, has_adapters, load_adapters, merged_state, save_plain
 from trainer.models.sharding import SHARDED, is_sharded, load_sharded, save_sharded
-from trainer.recipe.distributed import World
+from trainer.distributed import World
 
 PREFIX = "step-"
 

@@ -6,7 +6,7 @@ group-relative advantages feed the policy update (``trainer/update/step.py``); t
 back to the curriculum, which records them in one store transaction and learns from them.
 
 Under ``torchrun`` the ranks share each step's sampling, verification and training; rank 0 alone
-holds the curriculum and the store (``trainer/recipe/distributed.py`` explains the split).
+holds the curriculum and the store (``trainer/distributed.py`` explains the split).
 """
 from __future__ import annotations
 
@@ -29,12 +29,13 @@ from domains.canaries import canary_alarms, run_canaries
 from domains.verify.backend import make_pool
 from domains.verify.pool import Pool, VerifierPoolBroken
 from domains.registry import load_all
+from trainer import distributed
 from trainer.config import ConfigError, PalestraConfig, as_stored_now, changed_settings
 from trainer.models.adapters import attach_lora, base_state, save_plain, training_the_base
 from trainer.models.loading import (check_model_source, check_resumable, checkpoint_activations, load_policy,
                                     model_path, pick_device)
 from trainer.models.sharding import all_finite, gathered, is_sharded, shard
-from trainer.recipe import checkpoint, distributed, step_report
+from trainer.recipe import checkpoint, step_report
 from trainer.recipe.audit import CanaryPaid, canary_summary
 from trainer.recipe.evaluate import HeldoutEvaluation, format_eval
 from trainer.recipe.health import HealthMonitor

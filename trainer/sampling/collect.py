@@ -21,7 +21,7 @@ from curriculum.types import Plan
 from domains.api import Domain, Task
 from domains.verify.pool import Pool
 from trainer.config import TrainerConfig
-from trainer.recipe.distributed import SharedCurriculum, World
+from trainer.distributed import SharedCurriculum, World
 from trainer.sampling.batch import (StepBatch, chunk_seed, concat, generation_chunks, planned_first, rollout_on_cpu,
                                     shrink_counts, varied_groups)
 from trainer.sampling.episodes import by_rollout, sample_rows

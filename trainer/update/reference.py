@@ -16,7 +16,7 @@ import torch
 from trainer.models.adapters import adapter_free, has_adapters
 from trainer.models.loading import load_model
 from trainer.models.sharding import is_sharded, load_full_state_dict, shard
-from trainer.recipe.distributed import World
+from trainer.distributed import World
 
 
 def make_reference(policy: torch.nn.Module, post_sft: str, placement: str, device: torch.device,

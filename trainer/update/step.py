@@ -20,8 +20,8 @@ import torch
 from domains.api import Domain, Task
 from trainer.config import TrainerConfig
 from trainer.models.sharding import is_sharded, join_passes, total_norm
-from trainer.recipe.distributed import World
-from trainer.recipe.sft import reference_pairs, supervised_loss
+from trainer.distributed import World
+from trainer.update.supervised import reference_pairs, supervised_loss
 from trainer.sampling.rollout import Rollout
 from trainer.update.logprobs import sequence_logprobs
 from trainer.update.losses import grpo_loss
