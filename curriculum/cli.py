@@ -10,6 +10,7 @@
     palestra verify --domain D --input FILE.jsonl
     palestra verify --domain D --canaries [--tasks-per-level N] [--seed S]
     palestra audit  --db URL --run ID [--size N] [--seed S] [--out FILE.html]
+    palestra merge  --into URL [--sweep ID] [--run ID ...] SOURCE [SOURCE ...]
 """
 from __future__ import annotations
 
@@ -75,6 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, default=None)
     p.add_argument("--workers", type=_positive, default=2)
     p.add_argument("--json", action="store_true")
+    p = command("merge", cmd_merge, "copy whole runs from other stores into one (to compare runs stored apart)")
+    p.add_argument("--into", required=True, help="the store to copy into: a URL or a SQLite file (created if new)")
+    p.add_argument("--sweep", default=None, help="sweep id the copied runs get (default: each keeps its own)")
+    p.add_argument("--run", action="append", default=None, help="copy only this run id (repeatable)")
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="a store URL, SQLite file or run folder")
     _analysis_commands(command)
     p = command("domains", cmd_domains, "registered domains and their levels")
     p.add_argument("--json", action="store_true")
@@ -189,6 +195,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
             _table([vars(m) for m in report.mismatches[:50]],
                    ["step", "domain", "task_id", "stored_reward", "replayed_reward", "stored_status", "replayed_status"])
     return 1 if report.mismatches or report.unchecked else 0  # a replay that could not check everything fails
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from curriculum.store_merge import merge_runs, store_url
+    from curriculum.store_urls import shown_url
+
+    copied = merge_runs(args.sources, args.into, sweep_id=args.sweep, run_ids=args.run)
+    for run_id in copied:
+        print(run_id)
+    sweep = f" under sweep {args.sweep}" if args.sweep else ""
+    print(f"copied {len(copied)} runs into {shown_url(store_url(args.into))}{sweep}")
+    return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
