@@ -21,25 +21,29 @@ import pytest
 import torch
 
 verl = pytest.importorskip("verl", reason="verl is not installed (make installs verl==0.7.1; docs/verl.md)")
-sampler_module = pytest.importorskip("verl.experimental.dataset.sampler",
-                                     reason="this verl has no curriculum sampler (0.7.1 is the last with one)")
 
 from omegaconf import OmegaConf  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 from verl import DataProto  # noqa: E402
-from verl.trainer.main_ppo import create_rl_dataset, create_rl_sampler  # noqa: E402
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer  # noqa: E402
 from verl.utils.dataset.rl_dataset import collate_fn  # noqa: E402
 
 from curriculum.store import StatsStore  # noqa: E402
 from domains.registry import load  # noqa: E402
 from trainer.integrations import verl_reward  # noqa: E402
-from trainer.integrations.verl import CurriculumSampler, PalestraDataset  # noqa: E402
+from trainer.integrations.verl import AbstractCurriculumSampler, CurriculumSampler, PalestraDataset  # noqa: E402
 from trainer.integrations.verl_reward import compute_score  # noqa: E402
 from trainer.models import load_tokenizer  # noqa: E402
 from trainer.tiny_model import build_tokenizer  # noqa: E402
 
+try:  # verl 0.7.1; later versions moved them (and dropped the curriculum sampler)
+    from verl.trainer.main_ppo import create_rl_dataset, create_rl_sampler
+except ImportError:
+    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+
 sys.path.insert(0, str(Path(__file__).parent))  # spawned verifier workers import trl_helpers from here
+needs_sampler = pytest.mark.skipif(AbstractCurriculumSampler is None, reason=f"verl {verl.__version__} has no "
+                                   "curriculum sampler (0.7.1 is the last release with one)")
 
 PROMPTS, N = 8, 2  # data.train_batch_size, actor_rollout_ref.rollout.n
 MODULE = "pkg://trainer.integrations.verl"
@@ -141,10 +145,11 @@ def by_domain(right: dict[str, int]):
 
 
 # -- the tests ---------------------------------------------------------------------------------------
+@needs_sampler
 def test_verl_builds_our_sampler_and_each_batch_holds_its_plans_slots(tmp_path, tokenizer):
     config = data_config(tmp_path)
     dataset, sampler, loader = verl_loader(config, tokenizer)
-    assert isinstance(dataset, PalestraDataset) and isinstance(sampler, sampler_module.AbstractCurriculumSampler)
+    assert isinstance(dataset, PalestraDataset) and isinstance(sampler, AbstractCurriculumSampler)
     assert isinstance(sampler, CurriculumSampler) and len(loader) == 3  # data.palestra.steps
     batch = DataProto.from_single_dict(next(iter(loader)))
     assert slots(batch) == Counter(dataset.steps.plans[1].counts) and sum(slots(batch).values()) == PROMPTS
@@ -166,6 +171,7 @@ def test_verl_builds_our_sampler_and_each_batch_holds_its_plans_slots(tmp_path, 
     dataset.close()
 
 
+@needs_sampler
 def test_a_scored_batch_is_recorded_once_through_both_hooks_and_moves_the_mix(tmp_path, tokenizer):
     dataset, sampler, loader = verl_loader(data_config(tmp_path), tokenizer)
     batches = iter(loader)
@@ -205,7 +211,7 @@ def test_the_dataset_alone_records_through_on_batch_end_as_later_verls_use_it(tm
     config = data_config(tmp_path, sampler=False, steps=2)
     dataset = create_rl_dataset("palestra://train", config, tokenizer, None)
     sampler = create_rl_sampler(config, dataset)  # shuffle off: verl's SequentialSampler
-    assert not isinstance(sampler, sampler_module.AbstractCurriculumSampler)
+    assert isinstance(sampler, torch.utils.data.SequentialSampler)
     loader = StatefulDataLoader(dataset=dataset, batch_size=PROMPTS, num_workers=0, drop_last=True,
                                 collate_fn=collate_fn, sampler=sampler)
     batches = iter(loader)
@@ -265,3 +271,11 @@ def test_a_bad_setting_is_one_line(tmp_path, change, message):
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
     with pytest.raises(ValueError, match="palestra://train"):
         PalestraDataset("~/data/gsm8k/train.parquet", None, None, data_config(tmp_path))
+
+
+@pytest.mark.skipif(AbstractCurriculumSampler is not None, reason="this verl has the curriculum sampler")
+def test_without_the_curriculum_sampler_the_sampler_says_to_use_the_dataset_alone(tmp_path, tokenizer):
+    dataset = create_rl_dataset("palestra://train", data_config(tmp_path, sampler=False), tokenizer, None)
+    with pytest.raises(ImportError, match="trainer.use_v1=False"):
+        CurriculumSampler(dataset, None)
+    dataset.close()
