@@ -227,6 +227,28 @@ def test_the_dataset_alone_records_through_on_batch_end_as_later_verls_use_it(tm
         next(iter(loader))  # a second epoch
 
 
+def test_a_step_that_lost_groups_is_recorded_with_the_rest_when_a_later_one_comes_back(tmp_path, tokenizer):
+    """A trainer that filters groups (DAPO-style) hands back a step without some of them: it is recorded
+    with those it has once a later step comes back (verl trains in order), or when the run closes."""
+    config = data_config(tmp_path, sampler=False, steps=4)
+    dataset = create_rl_dataset("palestra://train", config, tokenizer, None)
+    loader = StatefulDataLoader(dataset=dataset, batch_size=PROMPTS, num_workers=0, drop_last=True,
+                                collate_fn=collate_fn, sampler=create_rl_sampler(config, dataset))
+    write, batches = by_domain({"arithmetic": 1, "fractions": 1}), iter(loader)
+    for step in (1, 2):
+        scored = scored_batch(next(batches), tokenizer, write)
+        slots_of = np.array([e["palestra_slot"] for e in scored.non_tensor_batch["extra_info"]])
+        dataset.on_batch_end(batch=scored.select_idxs(slots_of != 3))  # slot 3's group filtered out
+        assert dataset.steps.recorded_steps == [1][:step - 1]
+    dataset.close()
+    assert dataset.steps.recorded_steps == [1, 2]
+    store = StatsStore(f"sqlite:///{tmp_path / 'palestra.db'}")
+    for step in (1, 2):
+        assert len({r["group_index"] for r in store.results(dataset.run_id, step)}) == PROMPTS - 1
+    assert store.run(dataset.run_id)["status"] == "interrupted"  # 2 of 4 steps
+    store.close()
+
+
 def test_the_reward_function_scores_from_the_row_alone_and_never_raises(tmp_path, tokenizer):
     dataset = create_rl_dataset("palestra://heldout", data_config(tmp_path), tokenizer, None)
     row = dataset[0]
@@ -279,3 +301,29 @@ def test_without_the_curriculum_sampler_the_sampler_says_to_use_the_dataset_alon
     with pytest.raises(ImportError, match="trainer.use_v1=False"):
         CurriculumSampler(dataset, None)
     dataset.close()
+
+
+@needs_sampler
+def test_the_example_cluster_config_composes_with_verls_and_builds_our_parts(tmp_path, tokenizer):
+    """scripts/verl/palestra_grpo.yaml (never run on a GPU here) as verl 0.7.1's main_ppo composes it:
+    our dataset, sampler and reward function come out of it, wired as documented."""
+    from hydra import compose, initialize_config_dir
+    from verl.experimental.reward_loop.reward_loop import migrate_legacy_reward_impl
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    folder = Path(__file__).resolve().parents[1] / "scripts" / "verl"
+    with initialize_config_dir(config_dir=str(folder), version_base=None):
+        config = compose("palestra_grpo", overrides=[f"data.palestra.store_url=sqlite:///{tmp_path / 'p.db'}"])
+    config = migrate_legacy_reward_impl(config)
+    assert config.data.palestra.group_size == config.actor_rollout_ref.rollout.n == 8
+    assert config.trainer.total_training_steps == config.data.palestra.steps
+    dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, None)
+    sampler = create_rl_sampler(config.data, dataset)
+    assert isinstance(dataset, PalestraDataset) and isinstance(sampler, CurriculumSampler)
+    assert len(sampler) // config.data.train_batch_size == config.data.palestra.steps
+    row = dataset[0]
+    score = get_custom_reward_fn(config)(data_source=row["data_source"], solution_str="no answer",
+                                         ground_truth=row["reward_model"]["ground_truth"],
+                                         extra_info=dict(row["extra_info"]))
+    assert score["score"] == 0.0 and score["palestra_unscored"] == 0.0  # judged wrong, not unscored
+    dataset.close("interrupted")

@@ -185,14 +185,9 @@ class PalestraDataset(Dataset):
             self.steps.record_batch(batch)
 
     def close(self, status: str | None = None) -> None:
-        """Mark the run done: "finished" if every step but the last was recorded (verl's legacy
-        trainer hands the dataset no hook after the last one), else "interrupted"."""
-        if self.steps is None or self.steps.finished:
-            return
-        if status is None:
-            done = max(self.steps.recorded_steps, default=0)
-            status = "finished" if done >= self.section.steps - 1 else "interrupted"
-        self.steps.close(status)
+        """End the run (``VerlSteps.close``); called at exit if verl did not."""
+        if self.steps is not None:
+            self.steps.close(status)
 
 
 class CurriculumSampler(AbstractCurriculumSampler or Sampler):

@@ -10,7 +10,8 @@ reward function returned (else the row's summed ``token_level_scores``), its ver
 ``acc``/``palestra_status`` it returned. Recording is as the TRL integration does it: Palestra's
 group advantages, one ``Curriculum.record`` per step.
 
-Recorded once: a step is recorded when every slot of it has its group, and never again. Rows of a
+Recorded once: a step is recorded when every slot of it has its group (or when a batch carries a
+later step: verl trains its batches in order, so it gets no more), and never again. Rows of a
 recorded step, and rows whose ``uid`` was already taken, are skipped, so verl 0.7.1 may hand the
 same batch to the sampler's ``update`` and to the dataset's ``on_batch_end`` (it does both).
 Nothing here imports verl: a batch is read through ``batch.batch`` and ``batch.non_tensor_batch``.
@@ -65,7 +66,7 @@ class VerlSteps:
         self.recorded_steps: list[int] = []
         self.plans: dict[int, Plan] = {}  # every step handed out, by step
         self.finished = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     # -- out ------------------------------------------------------------------------------------------
     @property
@@ -95,11 +96,15 @@ class VerlSteps:
 
     # -- back -----------------------------------------------------------------------------------------
     def record_batch(self, batch: Any) -> list[int]:
-        """Take a batch's groups; record (in step order) the steps now complete. Returns them."""
+        """Take a batch's groups; record (in step order) the steps that will get no more. Returns them."""
         with self._lock:
-            for uid, rows in _by_uid(batch_rows(batch, self.tokenizer, self.curriculum.run_id)).items():
-                self._take(uid, rows)
-            return self._record_closed()
+            rows = batch_rows(batch, self.tokenizer, self.curriculum.run_id)
+            for uid, group in _by_uid(rows).items():
+                self._take(uid, group)
+            recorded = self._record_closed(before=max((r.step for r in rows), default=0))
+            if recorded and recorded[-1] >= self.steps:
+                self._finish("finished")
+            return recorded
 
     def _take(self, uid: str, rows: list[_Row]) -> None:
         step, slot = rows[0].step, rows[0].slot
@@ -119,19 +124,19 @@ class VerlSteps:
         open_step.groups[slot] = [(r.text, r.verdict) for r in rows]
         self._uids.add(uid)
 
-    def _record_closed(self) -> list[int]:
-        """Record every complete step, and every step opened before one (it will get no more groups:
-        verl trains batches in order); a step with no group at all is dropped."""
-        complete = [s for s, o in self._open.items() if len(o.groups) == len(o.tasks)]
-        last = max(complete, default=0)
+    def _record_closed(self, before: int | None = None) -> list[int]:
+        """Record, in step order, every step whose groups are all in and every step before ``before``,
+        the latest step of a batch: verl trains its batches in order, so those get no more groups (a
+        step never trained on, with no group, is dropped); with ``before=None``, every step still open."""
         recorded = []
-        for step in sorted(s for s in self._open if s <= last):
-            open_step = self._open.pop(step)
+        for step in sorted(self._open):
+            open_step = self._open[step]
+            if before is not None and step >= before and len(open_step.groups) < len(open_step.tasks):
+                continue
+            del self._open[step]
             if open_step.groups:
                 self._record(step, open_step)
                 recorded.append(step)
-        if recorded and recorded[-1] >= self.steps:
-            self.close("finished")
         return recorded
 
     def _record(self, step: int, open_step: _OpenStep) -> None:
@@ -147,10 +152,20 @@ class VerlSteps:
         self._recorded.add(step)
         self.recorded_steps.append(step)
 
-    def close(self, status: str = "finished") -> None:
-        """Wait for the store, and mark the run ``status`` (once)."""
-        if self.finished:
-            return
+    def close(self, status: str | None = None) -> None:
+        """Record the groups of the steps still open, wait for the store, mark the run ``status`` (once).
+        Without a status: "finished" when every step but the last is recorded (verl's legacy trainer
+        hands the dataset no batch after its last step), else "interrupted"."""
+        with self._lock:
+            if self.finished:
+                return
+            try:
+                self._record_closed()
+            finally:
+                done = max(self.recorded_steps, default=0)
+                self._finish(status or ("finished" if done >= self.steps - 1 else "interrupted"))
+
+    def _finish(self, status: str) -> None:
         self.finished = True
         try:
             self.curriculum.finish(status)  # a failed store write marks the run failed and is raised
