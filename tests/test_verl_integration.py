@@ -238,7 +238,9 @@ def test_a_step_that_lost_groups_is_recorded_with_the_rest_when_a_later_one_come
     for step in (1, 2):
         scored = scored_batch(next(batches), tokenizer, write)
         slots_of = np.array([e["palestra_slot"] for e in scored.non_tensor_batch["extra_info"]])
-        dataset.on_batch_end(batch=scored.select_idxs(slots_of != 3))  # slot 3's group filtered out
+        kept = scored.select_idxs(slots_of != 3)  # slot 3's group filtered out
+        dataset.on_batch_end(batch=kept)
+        dataset.on_batch_end(batch=kept)  # again, before the step is recorded: its groups are taken once
         assert dataset.steps.recorded_steps == [1][:step - 1]
     dataset.close()
     assert dataset.steps.recorded_steps == [1, 2]

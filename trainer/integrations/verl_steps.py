@@ -61,7 +61,7 @@ class VerlSteps:
         self._owns_store = owns_store
         self._open: dict[int, _OpenStep] = {}
         self._handing: tuple[int, set[int]] | None = None  # the step being handed out, its slots asked for
-        self._uids: set[str] = set()  # the groups taken (verl's uid: one per prompt of a batch)
+        self._taken: set[tuple[str, int, int]] = set()  # groups taken: (verl's uid, one per prompt; step; slot)
         self._recorded: set[int] = set()
         self.recorded_steps: list[int] = []
         self.plans: dict[int, Plan] = {}  # every step handed out, by step
@@ -108,7 +108,7 @@ class VerlSteps:
 
     def _take(self, uid: str, rows: list[_Row]) -> None:
         step, slot = rows[0].step, rows[0].slot
-        if uid in self._uids or step in self._recorded:
+        if (uid, step, slot) in self._taken or step in self._recorded:
             return  # this group was recorded already (the same batch through another hook)
         open_step = self._open.get(step)
         if open_step is None or not 0 <= slot < len(open_step.tasks):
@@ -122,7 +122,7 @@ class VerlSteps:
         if slot in open_step.groups:
             raise ValueError(f"slot {slot} of plan step {step} came back twice, under two uids")
         open_step.groups[slot] = [(r.text, r.verdict) for r in rows]
-        self._uids.add(uid)
+        self._taken.add((uid, step, slot))
 
     def _record_closed(self, before: int | None = None) -> list[int]:
         """Record, in step order, every step whose groups are all in and every step before ``before``,
