@@ -27,7 +27,7 @@ Where this departs from Palestra's own trainer, and why:
 - the mix adapts one step late: TRL's data loader reads a batch ahead (accelerate's look-ahead and
   the gradient-accumulation prefetch), so the plan of step t+1 is drawn before step t is scored.
   The curriculum allows exactly this overlap: a plan depends only on the steps recorded before it;
-- the advantages stored with each result are Palestra's (``trainer.update.losses.group_advantages``), so
+- the advantages stored with each result are Palestra's (``trainer.integrations.recording.record_step``), so
   the learnability signals mean what they mean in Palestra runs; TRL trains on its own advantages
   (it divides by the unbiased group std);
 - no held-out evaluation, prompt selection, dynamic sampling or multi-turn tool domains here;
@@ -49,20 +49,18 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import torch
 from pydantic import BaseModel, ValidationError
 from transformers import TrainerCallback
 
 from curriculum.config import CurriculumConfig, DifficultyConfig, PolicyConfig, describe_error
 from curriculum.curriculum import Curriculum
-from curriculum.steps import Group
 from curriculum.store import StatsStore, default_store_url
-from curriculum.types import Plan, rewards_agree
+from curriculum.types import Plan
 from domains.api import FAILURE_STATUSES, Domain, Task
 from domains.verify.backend import VerifierConfig, make_pool
 from domains.verify.pool import Verdict, VerifierPool
 from domains.registry import load_all
-from trainer.update.losses import group_advantages
+from trainer.integrations.recording import record_step
 
 ADVANTAGE_STD_MODES = ("group", "batch", "none")
 _LIVE: "weakref.WeakValueDictionary[str, TRLCurriculum]" = weakref.WeakValueDictionary()
@@ -291,13 +289,9 @@ class TRLCurriculum:
 
     def _record(self, step: int, open_step: _OpenStep, global_step: int | None) -> None:
         groups = open_step.full_groups(self.shape.group_size)
-        rewards = torch.tensor([[v.result.reward for _, v in open_step.scored[p]] for p in groups],
-                               dtype=torch.float32)  # [P, G]
-        advantages = group_advantages(rewards, self.advantage_std)  # [P, G], as Palestra's trainer computes them
-        scored = [(open_step.tasks[p], open_step.scored[p]) for p in groups]
-        recorded = [Group(task, [text for text, _ in done], [verdict for _, verdict in done], advantages[i].tolist())
-                    for i, (task, done) in enumerate(scored)]
-        self.curriculum.record(step, recorded, _step_metrics(rewards, global_step))
+        extra = {"trl/global_step": int(global_step)} if global_step is not None else None
+        record_step(self.curriculum, step, [open_step.tasks[p] for p in groups], [open_step.scored[p] for p in groups],
+                    self.advantage_std, extra)
         self.recorded_steps.append(step)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -413,17 +407,6 @@ def _trl_settings(args: Any) -> dict:
         except PackageNotFoundError:
             pass
     return settings
-
-
-def _step_metrics(rewards: torch.Tensor, global_step: int | None) -> dict:
-    """The step's overall metrics, with the keys Palestra's trainer uses (the curriculum adds the
-    per-domain ones as it records the step)."""
-    metrics: dict[str, Any] = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
-                               "zero_variance_share": float(rewards_agree(rewards.numpy()).mean()),
-                               "rollouts": rewards.numel()}
-    if global_step is not None:
-        metrics["trl/global_step"] = int(global_step)
-    return metrics
 
 
 def _log_to_trl(log_metric: Callable[[str, float], None], tasks: list[Task], verdicts: list[Verdict],

@@ -24,14 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from curriculum.curriculum import Curriculum
-from curriculum.steps import Group
-from curriculum.types import Plan, rewards_agree
+from curriculum.types import Plan
 from domains.api import Status, Task, VerifyResult
 from domains.verify.pool import Verdict
-from trainer.update.losses import group_advantages
+from trainer.integrations.recording import record_step
 
 
 @dataclass
@@ -144,11 +142,8 @@ class VerlSteps:
         sizes = {len(open_step.groups[s]) for s in slots}
         if len(sizes) > 1:
             raise ValueError(f"plan step {step} has groups of {sorted(sizes)} completions; GRPO groups are all one size")
-        rewards = torch.tensor([[v.result.reward for _, v in open_step.groups[s]] for s in slots], dtype=torch.float32)
-        advantages = group_advantages(rewards, self.advantage_std)  # [P, G], as Palestra's trainer computes them
-        groups = [Group(open_step.tasks[s], [t for t, _ in open_step.groups[s]], [v for _, v in open_step.groups[s]],
-                        advantages[i].tolist()) for i, s in enumerate(slots)]
-        self.curriculum.record(step, groups, step_metrics(rewards))
+        record_step(self.curriculum, step, [open_step.tasks[s] for s in slots], [open_step.groups[s] for s in slots],
+                    self.advantage_std)
         self._recorded.add(step)
         self.recorded_steps.append(step)
 
@@ -234,10 +229,3 @@ def _texts(batch: Any, tokenizer: Any) -> list[str]:
     responses = batch.batch["responses"]
     valid = batch.batch["attention_mask"][:, -responses.shape[-1]:].sum(dim=-1).tolist()
     return [tokenizer.decode(responses[i, :int(valid[i])].tolist(), skip_special_tokens=True) for i in range(n)]
-
-
-def step_metrics(rewards: torch.Tensor) -> dict[str, Any]:
-    """The step's overall metrics, under the keys Palestra's trainer stores (the curriculum adds the
-    per-domain ones)."""
-    return {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
-            "zero_variance_share": float(rewards_agree(rewards.numpy()).mean()), "rollouts": rewards.numel()}
