@@ -98,6 +98,7 @@ class HeadroomConfig(_PolicyBase):
     gain: float = Field(10.0, ge=0, description="weight of measured progress (success gained over the window)")
     cold_trust: float = Field(0.2, ge=0, le=1, description="how much of a domain's room counts before its first success")
     max_ratio: float = Field(4.0, ge=1, description="largest share over smallest")
+    progress_z: float = Field(0.0, ge=0, description="standard errors of sampling noise taken off the measured progress")
 
 
 PolicyConfig = Annotated[

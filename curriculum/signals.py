@@ -12,7 +12,9 @@ Quantities (NaN where a domain has no attempts in the window):
 - ``mean_abs_adv`` — windowed mean |advantage| (a learnability signal);
 - ``zero_var_share`` — windowed share of groups whose rewards all agree;
 - ``success_slope`` / ``reward_slope`` — least-squares slope, per step, of the per-step success
-  rate / mean reward over the steps in the window where the domain had attempts.
+  rate / mean reward over the steps in the window where the domain had attempts;
+- ``success_slope_se`` — the standard error of ``success_slope`` if each step's rate were a binomial
+  draw at the window's success rate: how much of a slope sampling noise alone would explain.
 """
 from __future__ import annotations
 
@@ -198,6 +200,22 @@ class Signals:
     @property
     def reward_slope(self) -> np.ndarray:
         return self._slope_of("sy_rew", "sxy_rew")
+
+    @property
+    def success_slope_se(self) -> np.ndarray:
+        """Standard error of ``success_slope`` under binomial noise: each seen step's rate has
+        variance p(1-p)/m, with p the windowed success and m the mean attempts per seen step, and an
+        unweighted least-squares slope over steps spread by Sxx has variance that over Sxx. inf where
+        fewer than two distinct steps were seen (no trend can be told from noise)."""
+        t = self._slope.total
+        n, sx, sxx = t["n"], t["sx"], t["sxx"]
+        spread = sxx - _safe_div(sx * sx, n)  # Sxx = sum over seen steps of (x - mean x)^2
+        per_step = _safe_div(self.window_attempts, n)  # mean attempts of a seen step
+        p = np.nan_to_num(self.success)
+        se = np.full(n.shape, np.inf)
+        ok = (n >= 2) & (spread > 1e-9) & (per_step > 0)
+        se[ok] = np.sqrt(p[ok] * (1 - p[ok]) / per_step[ok] / spread[ok])
+        return se
 
     def _slope_of(self, sy_key: str, sxy_key: str) -> np.ndarray:
         """Least-squares slope; 0 where fewer than two distinct steps were seen (no trend known)."""

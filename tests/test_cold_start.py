@@ -153,3 +153,24 @@ def test_bounded_ratio_leaves_weights_already_inside_alone():
     assert out.sum() == pytest.approx(1.0) and out.max() / out.min() == pytest.approx(3.0, rel=1e-6)
     with pytest.raises(ValueError, match="max_ratio"):
         HeadroomPolicy(["a", "b"], max_ratio=0.5)
+
+
+def test_slope_standard_error_is_binomial_noise_over_the_step_spread():
+    # three steps at 16 attempts each: rates 0.25, 0.5, 0.75 -> window success 0.5, Sxx = 2
+    s = signals_with([0.5, 0.5], [16, 16], [[0.25, 0.5], [0.5, 0.5], [0.75, 0.5]])
+    expected = np.sqrt(0.5 * 0.5 / 16 / 2.0)
+    assert s.success_slope_se == pytest.approx([expected, expected])
+    one_step = signals_with([0.5], [16], [[0.5]])
+    assert np.isinf(one_step.success_slope_se[0])  # no trend can be read from one step
+
+
+def test_headroom_progress_z_ignores_a_rise_that_noise_explains():
+    names = ["flat", "noisy_rise"]
+    # a rise of 0.25 a step read from 4 completions a step: within one standard error (0.18)
+    s = signals_with([0.5, 0.5], [4, 4], [[0.5, 0.25], [0.5, 0.5], [0.5, 0.75]])
+    raw = HeadroomPolicy(names, max_ratio=1000.0).weights(s, 3)
+    assert raw[1] > 2 * raw[0]  # read raw, the noisy rise takes the batch
+    shrunk = HeadroomPolicy(names, max_ratio=1000.0, progress_z=2.0).weights(s, 3)
+    assert shrunk == pytest.approx([0.5, 0.5])  # two standard errors off: no progress is read
+    with pytest.raises(ValueError, match="progress_z"):
+        HeadroomPolicy(names, progress_z=-1.0)

@@ -5,7 +5,10 @@ goes where a domain is both far from solved and measurably improving. Two signal
 both from the shared signals window:
 
 - **room** = max(target − p, 0), p the windowed success (how far below its target a domain sits);
-- **progress** = max(slope, 0) · window, the rise in success across the window.
+- **progress** = max(slope − z · se, 0) · window, the rise in success across the window that
+  sampling noise does not explain: se is the slope's binomial standard error
+  (``Signals.success_slope_se``) and z = ``progress_z``. With a few completions per domain a step,
+  a slope read raw is mostly noise, and a gain on it turns the noise into swings of the weights.
 
 score_d = room_d · (trust_d + gain · progress_d), where trust_d is 1 for a domain with successes in
 its window and ``cold_trust`` for one without: a domain that has never succeeded has the most room
@@ -34,16 +37,22 @@ class HeadroomPolicy(MixingPolicy):
     name = "headroom"
 
     def __init__(self, domains: list[str], seed: int = 0, target: float = 0.9, gain: float = 10.0,
-                 cold_trust: float = 0.2, max_ratio: float = 4.0) -> None:
+                 cold_trust: float = 0.2, max_ratio: float = 4.0, progress_z: float = 0.0) -> None:
         super().__init__(domains, seed)
         if max_ratio < 1:
             raise ValueError(f"max_ratio must be >= 1, got {max_ratio}")
+        if progress_z < 0:
+            raise ValueError(f"progress_z must be >= 0, got {progress_z}")
         self.target, self.gain, self.cold_trust, self.max_ratio = target, gain, cold_trust, max_ratio
+        self.progress_z = progress_z
 
     def scores(self, signals: Signals) -> np.ndarray:
         p = np.nan_to_num(signals.success, nan=0.0)
         room = np.clip(self.target - p, 0.0, None)
-        progress = np.clip(np.nan_to_num(signals.success_slope), 0.0, None) * signals.window
+        slope = np.nan_to_num(signals.success_slope)
+        if self.progress_z > 0:  # an inf se (no trend yet) leaves no progress to read
+            slope = slope - self.progress_z * signals.success_slope_se
+        progress = np.clip(slope, 0.0, None) * signals.window
         trust = np.where(signals.cold, self.cold_trust, 1.0)
         return room * (trust + self.gain * progress)
 
