@@ -118,6 +118,16 @@ def test_a_verifier_pool_that_cannot_start_fails_the_reward_call_and_records_not
         cur.close()
 
 
+def test_a_tool_episode_needs_the_rollout_function(tmp_path):
+    args = _args(output_dir=str(tmp_path), num_generations=2, generation_batch_size=2)
+    with TRLCurriculum.build(["tool_calculator"], args, verifier_workers=1) as cur:
+        row = next(cur.rows())  # TRL's own generation would give the episode one turn, no tool answer
+        with pytest.raises(ValueError, match="^domain 'tool_calculator' is multi-turn: pass "
+                                             "rollout_func=curriculum.rollout_func\\(\\) to GRPOTrainer$"):
+            cur.palestra_reward(**_as_trl_batch([row], 2), completions=["x", "y"])
+        assert cur.recorded_steps == []
+
+
 def test_completion_text_reads_plain_and_chat_completions():
     assert completion_text("\\boxed{4}") == "\\boxed{4}"
     assert completion_text(_chat("\\boxed{4}")) == "\\boxed{4}"
@@ -157,8 +167,6 @@ def test_build_names_a_bad_policy_or_domain_before_starting_anything(tmp_path):
         TRLCurriculum.build(["arithmetic"], args, policy={"type": "uniformm"})
     with pytest.raises(DomainError, match="did you mean 'arithmetic'"):
         TRLCurriculum.build(["arithmetc"], args)
-    with pytest.raises(ValueError, match="'tool_calculator' is multi-turn"):
-        TRLCurriculum.build(["arithmetic", "tool_calculator"], args)
     with pytest.raises(ValueError, match="advantage_std must be one of group, batch, none"):
         TRLCurriculum.build(["arithmetic"], args, advantage_std="grup")
     with pytest.raises(ValueError, match=r"^verifier.workers: Input should be greater than or equal to 1"):

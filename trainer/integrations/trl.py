@@ -30,7 +30,11 @@ Where this departs from Palestra's own trainer, and why:
 - the advantages stored with each result are Palestra's (``trainer.integrations.recording.record_step``), so
   the learnability signals mean what they mean in Palestra runs; TRL trains on its own advantages
   (it divides by the unbiased group std);
-- no held-out evaluation, prompt selection, dynamic sampling or multi-turn tool domains here;
+- tool domains need ``rollout_func=curriculum.rollout_func()`` (``trainer.integrations.trl_rollout``):
+  Palestra's sampler then plays every prompt on TRL's model, a whole episode for a tool domain, and
+  ``palestra_reward`` grades the episode's transcript; without it a tool domain's first completion
+  is refused in one line (TRL's own generation gives an episode one turn and no tool's answer);
+- no held-out evaluation, prompt selection or dynamic sampling here;
 - one process only: several ranks would each run a scheduler and write the same steps.
 
 Nothing here imports ``trl``: the module reads TRL's settings from the config object it is given,
@@ -61,6 +65,7 @@ from domains.verify.backend import VerifierConfig, make_pool
 from domains.verify.pool import Verdict, VerifierPool
 from domains.registry import load_all
 from trainer.integrations.recording import record_step
+from trainer.integrations.trl_rollout import PalestraRollout
 
 ADVANTAGE_STD_MODES = ("group", "batch", "none")
 _LIVE: "weakref.WeakValueDictionary[str, TRLCurriculum]" = weakref.WeakValueDictionary()
@@ -223,19 +228,23 @@ class TRLCurriculum:
                        "palestra_step": step, "palestra_group": group}
 
     def palestra_reward(self, prompts: list, completions: list, palestra_step: list[int] | None = None,
-                        palestra_group: list[int] | None = None, log_metric: Callable | None = None,
-                        trainer_state: Any = None, **_other_columns: Any) -> list[float]:
+                        palestra_group: list[int] | None = None, palestra_text: list[str] | None = None,
+                        log_metric: Callable | None = None, trainer_state: Any = None,
+                        **_other_columns: Any) -> list[float]:
         """TRL reward function: each completion's reward from its domain's verifier (0 on a verifier
-        error or timeout); records every plan step whose completions are all scored."""
+        error or timeout); records every plan step whose completions are all scored. ``palestra_text``,
+        from ``rollout_func()``, is what to grade (a tool episode's transcript) instead of ``completions``."""
         if palestra_step is None or palestra_group is None:
             raise ValueError("palestra_reward needs the palestra_step and palestra_group columns: train on "
                              "curriculum.dataset() with GRPOConfig(remove_unused_columns=False)")
         if len(completions) != len(palestra_step):
             raise ValueError(f"{len(completions)} completions but {len(palestra_step)} palestra_step values")
         keys = [(int(s), int(g)) for s, g in zip(palestra_step, palestra_group)]
-        texts = [completion_text(c) for c in completions]
+        texts = list(palestra_text) if palestra_text is not None else [completion_text(c) for c in completions]
         with self._lock:
             tasks = [self._task_at(step, group) for step, group in keys]
+        if palestra_text is None:
+            _refuse_episodes(tasks, self.domains)
         verdicts = self.pool.verify_many(list(zip(tasks, texts)))
         self.pool.raise_if_broken()
         with self._lock:
@@ -245,6 +254,17 @@ class TRLCurriculum:
         if log_metric is not None:
             _log_to_trl(log_metric, tasks, verdicts, recorded)
         return [float(v.result.reward) for v in verdicts]
+
+    def rollout_func(self, **options: Any) -> PalestraRollout:
+        """For ``GRPOTrainer(rollout_func=...)``: Palestra's sampler plays every prompt, a whole
+        episode for a tool domain (needed for multi-turn domains; ``trainer.integrations.trl_rollout``).
+        ``options``: ``max_episode_tokens``, ``rollout_batch_size``, ``sampler``, ``keep_cache``."""
+        return PalestraRollout(self.domains, self.shape.group_size, self.handed_out, **options)
+
+    def handed_out(self) -> list[tuple[int, list[Task]]]:
+        """The plan steps handed to TRL and not yet recorded, in order: (step, tasks)."""
+        with self._lock:
+            return [(step, list(open_step.tasks)) for step, open_step in sorted(self._open.items())]
 
     def callback(self) -> "CurriculumCallback":
         """A TrainerCallback: checks TRL's settings at the start, records what is left at the end."""
@@ -361,9 +381,15 @@ def _check_settings(domains: dict[str, Domain], advantage_std: str) -> None:
         raise ValueError(f"advantage_std must be one of {', '.join(ADVANTAGE_STD_MODES)}, not {advantage_std!r}")
     if not domains:
         raise ValueError("the TRL curriculum needs at least one domain")
-    for name, domain in domains.items():
-        if domain.multi_turn:
-            raise ValueError(f"domain {name!r} is multi-turn (tools); the TRL curriculum scores single completions")
+
+
+def _refuse_episodes(tasks: list[Task], domains: dict[str, Domain]) -> None:
+    """A tool domain's completion is an episode only ``rollout_func()`` plays: TRL's own generation
+    would have given it one turn without a tool's answer."""
+    multi_turn = next((t.domain for t in tasks if domains[t.domain].multi_turn), None)
+    if multi_turn is not None:
+        raise ValueError(f"domain {multi_turn!r} is multi-turn: pass rollout_func=curriculum.rollout_func() "
+                         "to GRPOTrainer")
 
 
 def _curriculum_config(policy: PolicyConfig | dict | None,
