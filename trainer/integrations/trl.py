@@ -3,11 +3,13 @@ mixing and difficulty — with TRL's own training loop unchanged.
 
     from trainer.integrations.trl import TRLCurriculum
 
-    args = GRPOConfig(..., shuffle_dataset=False, max_steps=100)
-    with TRLCurriculum.build(["arithmetic", "fractions"], args, policy={"type": "learnability"}) as curriculum:
+    args = GRPOConfig(..., shuffle_dataset=False, max_steps=100, ignore_data_skip=True)
+    with TRLCurriculum.build(["arithmetic", "fractions"], args, policy={"type": "learnability"},
+                             evaluation={"every": 25}, resume_from_checkpoint=resume) as curriculum:
         trainer = GRPOTrainer(model, reward_funcs=curriculum.palestra_reward, args=args,
-                              train_dataset=curriculum.dataset(), callbacks=[curriculum.callback()])
-        trainer.train()
+                              train_dataset=curriculum.dataset())
+        curriculum.attach(trainer)  # its callback, bound to the trainer (evaluations log through it)
+        trainer.train(resume_from_checkpoint=resume)  # resume: None, a checkpoint-N folder, or True
 
 How the two loops line up. TRL reads a *generation batch* of ``generation_batch_size /
 num_generations`` prompts, repeats each prompt ``num_generations`` times (and the whole batch
@@ -34,7 +36,16 @@ Where this departs from Palestra's own trainer, and why:
   Palestra's sampler then plays every prompt on TRL's model, a whole episode for a tool domain, and
   ``palestra_reward`` grades the episode's transcript; without it a tool domain's first completion
   is refused in one line (TRL's own generation gives an episode one turn and no tool's answer);
-- no held-out evaluation, prompt selection or dynamic sampling here;
+- held-out evaluation (``evaluation={...}``, ``trainer.integrations.trl_evaluation``) runs Palestra's
+  own on TRL's model before the first step, every ``every`` steps and at the last one; its numbers
+  go to TRL's logs and to the store, joined to the last recorded plan step;
+- a checkpoint ``checkpoint-N`` gets the curriculum's state beside TRL's
+  (``trainer.integrations.trl_checkpoint``): the scheduler, the task stream, the plans TRL's loader
+  had read and not scored (handed out again on resume, as they were), the RNG states. A resumed
+  run draws the plans and tasks the uninterrupted one would have (and, where the model's sampling
+  is deterministic, as on the CPU, its completions); it needs ``ignore_data_skip=True`` (TRL
+  would otherwise skip fresh plans of the live stream) and checkpoints between generation batches;
+- no prompt selection or dynamic sampling here;
 - one process only: several ranks would each run a scheduler and write the same steps.
 
 Nothing here imports ``trl``: the module reads TRL's settings from the config object it is given,
