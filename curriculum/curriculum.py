@@ -6,6 +6,7 @@
     record_evaluation(step, m)   :  held-out success joined to the step's stored metrics
     record_alarms(step, alarms)  :  the trainer's health alarms, likewise
     state_dict / load_state_dict :  for checkpoints
+    handed_out / reissue         :  plans handed out and not recorded, carried across a checkpoint
 
 Inside, the ``Scheduler`` plans and learns (signals, mixing policy, difficulty controllers), the
 ``TaskSource`` draws with the ``PromptSelector`` choosing among candidates, and the store is
@@ -198,3 +199,13 @@ class Curriculum:
         self.tasks.load_state_dict(state["tasks"])
         if self.selector is not None:
             self.selector.load_state_dict(state["selector"])
+
+    def handed_out(self) -> list[Plan]:
+        """Plans handed out and not yet recorded, in step order: a trainer that reads ahead (TRL)
+        checkpoints them with its state and ``reissue``s them when it resumes."""
+        return self.scheduler.handed_out()
+
+    def reissue(self, plans: Sequence[Plan]) -> None:
+        """After ``load_state_dict`` (or ``reopen``): ``plan`` gives these plans again, as the run
+        that saved the checkpoint handed them out (``Scheduler.reissue``)."""
+        self.scheduler.reissue(list(plans))

@@ -91,6 +91,22 @@ class Scheduler:
         self._pending[step] = plan
         return plan
 
+    def handed_out(self) -> list[Plan]:
+        """The plans handed out and not yet recorded, in step order (for a checkpoint to carry)."""
+        return [self._pending[step] for step in sorted(self._pending)]
+
+    def reissue(self, plans: list[Plan]) -> None:
+        """Hand out again, after ``load_state_dict``, plans the checkpointed run had handed out and
+        not recorded: ``plan`` returns each as it was. Planning them afresh would not give them
+        back: a trainer that reads ahead asked for them before the steps ahead of them were
+        recorded, so they saw less history than the restored state holds."""
+        for plan in plans:
+            if self.last_step is not None and plan.step <= self.last_step:
+                raise ValueError(f"plan step {plan.step} is not after the last recorded step {self.last_step}")
+            if list(plan.domains) != self.domains:
+                raise ValueError(f"plan step {plan.step} was made for other domains than this scheduler's")
+            self._pending[plan.step] = plan
+
     def _split_levels(self, step: int, per_domain: np.ndarray) -> dict[tuple[str, int], int]:
         """Each domain's prompts over its levels, following the controller's shares.
 

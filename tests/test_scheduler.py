@@ -114,6 +114,33 @@ def test_state_round_trip_continues_identically(kind):
                                                drive(restored, range(10, 20), seed=9)))
 
 
+def test_plans_handed_out_before_a_checkpoint_are_reissued_as_they_were():
+    """A trainer that reads ahead asked for steps 6 and 7 before step 5 was recorded; the checkpoint
+    after step 5 carries them, and the restored scheduler hands out those plans, not new ones."""
+    live = scheduler("learnability", seed=3)
+    drive(live, range(5), seed=1)
+    ahead = [live.plan(6), live.plan(7)]  # read ahead, before step 5 is recorded
+    live.record(5, rollouts(live.plan(5), random.Random(2)))
+    assert [p.step for p in live.handed_out()] == [6, 7]
+
+    fresh = scheduler("learnability", seed=3)
+    fresh.load_state_dict(json.loads(json.dumps(live.state_dict())))
+    replanned = fresh.plan(6)  # planned from the state after step 5: it learned from step 5
+    assert not same_plan(replanned, ahead[0])  # so planning again is not a resume
+
+    restored = scheduler("learnability", seed=3)
+    restored.load_state_dict(json.loads(json.dumps(live.state_dict())))
+    restored.reissue(live.handed_out())
+    assert all(same_plan(restored.plan(p.step), p) for p in ahead)
+    rng_live, rng_restored = random.Random(4), random.Random(4)
+    for step in (6, 7):  # and both go on alike
+        live.record(step, rollouts(live.plan(step), rng_live))
+        restored.record(step, rollouts(restored.plan(step), rng_restored))
+    assert same_plan(restored.plan(8), live.plan(8)) and [p.step for p in restored.handed_out()] == [8]
+    with pytest.raises(ValueError, match="plan step 7 is not after the last recorded step 7"):
+        restored.reissue([ahead[1]])
+
+
 @pytest.fixture(params=DATABASES)
 def store_url(request, tmp_path) -> str:
     return empty_database(request.param, tmp_path, "p.db")

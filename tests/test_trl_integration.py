@@ -139,7 +139,7 @@ def test_completion_text_reads_plain_and_chat_completions():
 def _args(**changes) -> SimpleNamespace:
     base = dict(shuffle_dataset=False, remove_unused_columns=False, world_size=1, max_steps=3, num_generations=4,
                 generation_batch_size=24, steps_per_generation=1, num_iterations=1, gradient_accumulation_steps=1,
-                output_dir="unused", seed=0)
+                output_dir="unused", seed=0, save_strategy="no")
     return SimpleNamespace(**{**base, **changes})
 
 
@@ -306,8 +306,25 @@ def test_the_callback_refuses_a_trainer_that_batches_differently(curriculum):
         curriculum.callback().on_train_begin(_args(), None, None)
 
 
-def test_the_callback_refuses_to_resume_a_trl_run(curriculum):
-    args = _args(num_generations=2, generation_batch_size=6)
-    curriculum.callback().on_train_begin(args, SimpleNamespace(global_step=0), None)  # a fresh run starts
-    with pytest.raises(ValueError, match="resuming a TRL run at step 5 is not supported"):
-        curriculum.callback().on_train_begin(args, SimpleNamespace(global_step=5), None)
+def test_the_callback_refuses_a_trainer_resumed_apart_from_its_curriculum(curriculum):
+    args = _args(num_generations=2, generation_batch_size=6, ignore_data_skip=True)
+    state = lambda step: SimpleNamespace(global_step=step, save_steps=0)  # noqa: E731
+    curriculum.callback().on_train_begin(args, state(0), None)  # a fresh run starts
+    with pytest.raises(ValueError, match="^the trainer resumes at step 5 but the curriculum starts afresh: build it "
+                                         "with TRLCurriculum.build\\(..., resume_from_checkpoint=...\\) too$"):
+        curriculum.callback().on_train_begin(args, state(5), None)
+    curriculum.resumed_at = 4  # restored from checkpoint-4, while the trainer resumes elsewhere
+    with pytest.raises(ValueError, match="^the curriculum was restored from step 4's checkpoint, the trainer starts "
+                                         "at step 5: pass the same resume_from_checkpoint to trainer.train\\(\\)$"):
+        curriculum.callback().on_train_begin(args, state(5), None)
+    with pytest.raises(ValueError, match="^resuming with a Palestra curriculum needs GRPOConfig\\(ignore_data_skip"):
+        curriculum.callback().on_train_begin(_args(num_generations=2, generation_batch_size=6), state(4), None)
+
+
+def test_checkpoints_inside_a_generation_batch_are_refused(curriculum):
+    # each plan is trained on twice (num_iterations=2): a checkpoint after one step would fall inside it
+    args = _args(num_generations=2, generation_batch_size=6, num_iterations=2, save_strategy="steps", save_steps=1)
+    with pytest.raises(ValueError, match="^save_steps=1 ends checkpoints inside a generation batch"):
+        curriculum.callback().on_train_begin(args, SimpleNamespace(global_step=0, save_steps=1), None)
+    args.save_steps = 2  # every second step: between plans
+    curriculum.callback().on_train_begin(args, SimpleNamespace(global_step=0, save_steps=2), None)

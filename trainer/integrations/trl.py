@@ -3,11 +3,13 @@ mixing and difficulty — with TRL's own training loop unchanged.
 
     from trainer.integrations.trl import TRLCurriculum
 
-    args = GRPOConfig(..., shuffle_dataset=False, max_steps=100)
-    with TRLCurriculum.build(["arithmetic", "fractions"], args, policy={"type": "learnability"}) as curriculum:
+    args = GRPOConfig(..., shuffle_dataset=False, max_steps=100, ignore_data_skip=True)
+    with TRLCurriculum.build(["arithmetic", "fractions"], args, policy={"type": "learnability"},
+                             evaluation={"every": 25}, resume_from_checkpoint=resume) as curriculum:
         trainer = GRPOTrainer(model, reward_funcs=curriculum.palestra_reward, args=args,
-                              train_dataset=curriculum.dataset(), callbacks=[curriculum.callback()])
-        trainer.train()
+                              train_dataset=curriculum.dataset())
+        curriculum.attach(trainer)  # its callback, bound to the trainer (evaluations log through it)
+        trainer.train(resume_from_checkpoint=resume)  # resume: None, a checkpoint-N folder, or True
 
 How the two loops line up. TRL reads a *generation batch* of ``generation_batch_size /
 num_generations`` prompts, repeats each prompt ``num_generations`` times (and the whole batch
@@ -34,7 +36,16 @@ Where this departs from Palestra's own trainer, and why:
   Palestra's sampler then plays every prompt on TRL's model, a whole episode for a tool domain, and
   ``palestra_reward`` grades the episode's transcript; without it a tool domain's first completion
   is refused in one line (TRL's own generation gives an episode one turn and no tool's answer);
-- no held-out evaluation, prompt selection or dynamic sampling here;
+- held-out evaluation (``evaluation={...}``, ``trainer.integrations.trl_evaluation``) runs Palestra's
+  own on TRL's model before the first step, every ``every`` steps and at the last one; its numbers
+  go to TRL's logs and to the store, joined to the last recorded plan step;
+- a checkpoint ``checkpoint-N`` gets the curriculum's state beside TRL's
+  (``trainer.integrations.trl_checkpoint``): the scheduler, the task stream, the plans TRL's loader
+  had read and not scored (handed out again on resume, as they were), the RNG states. A resumed
+  run draws the plans and tasks the uninterrupted one would have (and, where the model's sampling
+  is deterministic, as on the CPU, its completions); it needs ``ignore_data_skip=True`` (TRL
+  would otherwise skip fresh plans of the live stream) and checkpoints between generation batches;
+- no prompt selection or dynamic sampling here;
 - one process only: several ranks would each run a scheduler and write the same steps.
 
 Nothing here imports ``trl``: the module reads TRL's settings from the config object it is given,
@@ -49,22 +60,21 @@ import threading
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from pydantic import BaseModel, ValidationError
-from transformers import TrainerCallback
-
-from curriculum.config import CurriculumConfig, DifficultyConfig, PolicyConfig, describe_error
+from curriculum.config import DifficultyConfig, PolicyConfig
 from curriculum.curriculum import Curriculum
-from curriculum.store import StatsStore, default_store_url
+from curriculum.store import StatsStore
 from curriculum.types import Plan
 from domains.api import FAILURE_STATUSES, Domain, Task
 from domains.verify.backend import VerifierConfig, make_pool
 from domains.verify.pool import Verdict, VerifierPool
 from domains.registry import load_all
+from trainer.integrations import trl_checkpoint, trl_settings
 from trainer.integrations.recording import record_step
+from trainer.integrations.trl_callback import CurriculumCallback
+from trainer.integrations.trl_evaluation import EvaluationConfig, TRLEvaluation, evaluation_config
 from trainer.integrations.trl_rollout import PalestraRollout
 
 ADVANTAGE_STD_MODES = ("group", "batch", "none")
@@ -152,26 +162,39 @@ class TRLCurriculum:
                  difficulty: DifficultyConfig, store: StatsStore, *, seed: int = 0, run_name: str = "trl",
                  run_config: dict | None = None, verifier_workers: int | None = None,
                  verifier: VerifierConfig | None = None, advantage_std: str = "group",
-                 owns_store: bool = False) -> None:
+                 owns_store: bool = False, evaluation: TRLEvaluation | None = None,
+                 resume: dict | None = None) -> None:
         _check_settings(domains, advantage_std)
-        verifier = _verifier_config(verifier, verifier_workers)
+        verifier = trl_settings.verifier_config(verifier, verifier_workers)
+        if resume is not None:
+            trl_checkpoint.check_stored(store, resume["run_id"])
+            seed = int(resume["seed"])  # a resumed run keeps the seed it started with
         self.domains, self.shape, self.advantage_std = domains, shape, advantage_std
-        self.store, self._owns_store = store, owns_store
+        self.store, self._owns_store, self.evaluation = store, owns_store, evaluation
         config = {"integration": "trl", "domains": sorted(domains), "policy": policy.model_dump(),
                   "difficulty": difficulty.model_dump(), "prompts_per_step": shape.prompts_per_step,
                   "group_size": shape.group_size, "advantage_std": advantage_std, **(run_config or {})}
         # The pool first (local worker processes unless ``verifier`` asks for Ray actors): a backend
         # that cannot start must not leave a run row behind that says "running" forever.
         self.pool = make_pool(domains, verifier) if verifier is not None else VerifierPool(domains, workers=verifier_workers)
+        # the held-out tasks never reach training
+        settings = dict(seed=seed, domains=domains, policy=policy, difficulty=difficulty,
+                        prompts_per_step=shape.prompts_per_step,
+                        heldout_ids=evaluation.heldout_ids if evaluation is not None else ())
         try:
-            self.curriculum = Curriculum.start(store, run_name, config, seed=seed, domains=domains, policy=policy,
-                                               difficulty=difficulty, prompts_per_step=shape.prompts_per_step)
+            self.curriculum = (Curriculum.start(store, run_name, config, **settings) if resume is None
+                               else trl_checkpoint.reopen(store, resume, settings))
         except BaseException:
             self.pool.close()
             raise
         self.run_id = self.curriculum.run_id
         self._open: dict[int, _OpenStep] = {}
         self._next_step = 1
+        self._reissue: list[tuple[int, Plan, list[Task]]] = []  # read before the checkpoint, never scored
+        self.resumed_at: int | None = None  # the TRL global step of the checkpoint this resumed from
+        self._resumed_rng: dict | None = None
+        if resume is not None:
+            self._restore(resume)
         self._lock = threading.Lock()  # rows() and palestra_reward() may be driven from different threads
         self._closed = False
         self.recorded_steps: list[int] = []
@@ -188,24 +211,34 @@ class TRLCurriculum:
               difficulty: DifficultyConfig | dict | None = None, store_url: str | None = None,
               seed: int | None = None, domain_options: dict[str, dict] | None = None, run_name: str = "trl",
               verifier_workers: int | None = None, verifier: VerifierConfig | dict | None = None,
-              advantage_std: str = "group") -> "TRLCurriculum":
+              advantage_std: str = "group", evaluation: EvaluationConfig | dict | None = None,
+              resume_from_checkpoint: str | Path | bool | None = None) -> "TRLCurriculum":
         """A curriculum for the ``GRPOConfig`` ``args``: domains by name (or ``module:OBJECT``),
         policy and difficulty as configs or their dicts (default: learnability, threshold), the store
         at ``store_url`` (default: SQLite at ``<args.output_dir>/palestra.db``), seed from ``args``;
-        ``verifier`` is the trainer's ``verifier`` section (e.g. ``{"backend": "ray", "workers": 8}``)."""
+        ``verifier`` is the trainer's ``verifier`` section (e.g. ``{"backend": "ray", "workers": 8}``);
+        ``evaluation`` the held-out evaluation's settings (``trl_evaluation``; None: none);
+        ``resume_from_checkpoint`` (a ``checkpoint-N`` folder, or True for the newest in
+        ``args.output_dir``) goes on with the run saved there, as ``trainer.train`` is given it."""
         shape = trl_batch_shape(args)  # cheap checks first: nothing is started if a setting is wrong
-        curriculum = _curriculum_config(policy, difficulty)
-        verifier = _verifier_config(verifier, verifier_workers)
+        curriculum = trl_settings.curriculum_config(policy, difficulty)
+        verifier = trl_settings.verifier_config(verifier, verifier_workers)
+        evaluation = evaluation_config(evaluation) if evaluation is not None else None
+        resume = (trl_checkpoint.resume_state(args, resume_from_checkpoint)
+                  if resume_from_checkpoint not in (None, False) else None)
         loaded = load_all(list(domains), domain_options)
         _check_settings(loaded, advantage_std)
         seed = int(args.seed if seed is None else seed)
-        store = StatsStore(store_url or _default_store_url(args.output_dir))
+        heldout = TRLEvaluation(loaded, evaluation, args.max_completion_length) if evaluation is not None else None
+        store = StatsStore(store_url or trl_settings.default_store_url(args.output_dir))
         try:
             return cls(loaded, shape, curriculum.policy, curriculum.difficulty, store, seed=seed, run_name=run_name,
-                       run_config={"trl": _trl_settings(args), "domains": list(domains),  # as given, so that
-                                   "domain_options": domain_options or {}},  # `palestra replay` can load them
-                       verifier_workers=verifier_workers,
-                       verifier=verifier, advantage_std=advantage_std, owns_store=True)
+                       run_config={"trl": trl_settings.run_settings(args),
+                                   "domains": list(domains),  # as given, so that `palestra replay`
+                                   "domain_options": domain_options or {},  # can load them
+                                   "evaluation": evaluation.model_dump() if evaluation is not None else None},
+                       verifier_workers=verifier_workers, verifier=verifier, advantage_std=advantage_std,
+                       owns_store=True, evaluation=heldout, resume=resume)
         except BaseException:
             store.close()
             raise
@@ -266,9 +299,32 @@ class TRLCurriculum:
         with self._lock:
             return [(step, list(open_step.tasks)) for step, open_step in sorted(self._open.items())]
 
-    def callback(self) -> "CurriculumCallback":
-        """A TrainerCallback: checks TRL's settings at the start, records what is left at the end."""
+    def callback(self) -> CurriculumCallback:
+        """A TrainerCallback (``trl_callback``): checks TRL's settings at the start, saves the
+        curriculum with each checkpoint, evaluates, records what is left at the end."""
         return CurriculumCallback(self)
+
+    def attach(self, trainer: Any) -> Any:
+        """Give ``trainer`` this curriculum's callback (once), bound to it so that held-out
+        evaluations are logged through ``trainer.log``; needed with ``evaluation``. Returns it."""
+        callbacks = trainer.callback_handler.callbacks
+        ours = [c for c in callbacks if isinstance(c, CurriculumCallback) and c.curriculum is self]
+        for callback in ours:
+            callback.trainer = trainer
+        if not ours:
+            trainer.add_callback(CurriculumCallback(self, trainer))
+        return trainer
+
+    def evaluate(self, model: Any, tokenizer: Any, global_step: int, keep: str | None = None) -> dict[str, float]:
+        """Held-out success now, stored as the own trainer stores it: joined to the last recorded
+        plan step (0 before any), where ``palestra report`` and ``compare`` read it."""
+        if self.evaluation is None:
+            raise ValueError("this curriculum was built without evaluation={...}")
+        metrics = self.evaluation.run(model, tokenizer, self.pool, global_step, keep=keep)
+        with self._lock:
+            step = self.curriculum.scheduler.last_step or 0
+        self.curriculum.record_evaluation(step, metrics)
+        return metrics
 
     # -- plans out, results in -------------------------------------------------------------------
     def _open_next_step(self) -> tuple[int, list[Task]]:
@@ -278,10 +334,13 @@ class TRLCurriculum:
             if len(self._open) >= self.shape.max_open_steps:
                 raise RuntimeError(f"{len(self._open)} plan steps went to TRL without being scored: is "
                                    "curriculum.palestra_reward among reward_funcs, and shuffle_dataset off?")
-            step = self._next_step
-            self._next_step += 1
-            plan = self.curriculum.plan(step)
-            tasks = self.curriculum.draw(plan.counts)
+            if self._reissue:  # first the steps the checkpointed run had handed out, as they were
+                step, plan, tasks = self._reissue.pop(0)
+            else:
+                step = self._next_step
+                self._next_step += 1
+                plan = self.curriculum.plan(step)
+                tasks = self.curriculum.draw(plan.counts)
             self._open[step] = _OpenStep(plan, tasks, [[] for _ in tasks])
         return step, tasks
 
@@ -324,6 +383,34 @@ class TRLCurriculum:
                              f"batch, the trainer uses {shape.prompts_per_step} x {shape.group_size}: build it from "
                              "the GRPOConfig you train with")
 
+    def state_dict(self) -> dict:
+        """What a checkpoint holds of the curriculum (``trl_checkpoint``): the Curriculum's state,
+        and the steps handed out and not yet scored, which a resume hands out again: TRL's loader
+        read them before the save, so the run that goes on from it never trains on them otherwise."""
+        with self._lock:
+            plans = {plan.step: plan for plan in self.curriculum.handed_out()}
+            handed = [(step, plans[step], list(o.tasks)) for step, o in sorted(self._open.items())] + self._reissue
+            last = self.curriculum.scheduler.last_step
+            state = {**self.curriculum.state_dict(), "step": last if last is not None else 0,
+                     "unwritten": self.curriculum.take_unwritten()}
+            return {"run_id": self.run_id, "seed": self.curriculum.scheduler.seed, "curriculum": state,
+                    "handed_out": handed, "next_step": self._next_step,
+                    "evaluation": self.evaluation.state_dict() if self.evaluation is not None else None}
+
+    def _restore(self, resume: dict) -> None:
+        # Steps with verdicts at the save were being trained on across it, which the callback
+        # refuses (checkpoints fall between generation batches): each goes out again whole.
+        self._reissue = [(step, plan, list(tasks)) for step, plan, tasks in resume["handed_out"]]
+        self._next_step = int(resume["next_step"])
+        self.resumed_at, self._resumed_rng = int(resume["global_step"]), resume["rng"]
+        if self.evaluation is not None and resume.get("evaluation"):
+            self.evaluation.load_state_dict(resume["evaluation"])
+
+    def take_resumed_rng(self) -> dict | None:
+        """The checkpoint's RNG states, once, for the first step after a resume (``trl_callback``)."""
+        rng, self._resumed_rng = self._resumed_rng, None
+        return rng
+
     def finish(self) -> None:
         """Record the full groups of steps still open, drop the rest, and wait for the store."""
         with self._lock:
@@ -351,22 +438,6 @@ class TRLCurriculum:
         self.close("failed" if exc_type is not None else "finished")
 
 
-class CurriculumCallback(TrainerCallback):
-    """Checks TRL's batching when training starts; records the steps left open when it ends."""
-
-    def __init__(self, curriculum: TRLCurriculum) -> None:
-        self.curriculum = curriculum
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.curriculum.check_args(args)
-        if state.global_step > 0:  # HF replays the skipped batches, opening plans nobody will score
-            raise ValueError(f"resuming a TRL run at step {state.global_step} is not supported with a Palestra "
-                             "curriculum (TRL's checkpoints hold no scheduler state); start a new run")
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.curriculum.finish()
-
-
 # -- helpers ----------------------------------------------------------------------------------------
 def _live_curriculum(run_id: str) -> TRLCurriculum:
     found = _LIVE.get(run_id)
@@ -390,49 +461,6 @@ def _refuse_episodes(tasks: list[Task], domains: dict[str, Domain]) -> None:
     if multi_turn is not None:
         raise ValueError(f"domain {multi_turn!r} is multi-turn: pass rollout_func=curriculum.rollout_func() "
                          "to GRPOTrainer")
-
-
-def _curriculum_config(policy: PolicyConfig | dict | None,
-                       difficulty: DifficultyConfig | dict | None) -> CurriculumConfig:
-    """Policy and difficulty validated as the Hydra apps validate them (defaults: learnability, threshold)."""
-    given = {key: value for key, value in (("policy", policy), ("difficulty", difficulty)) if value is not None}
-    try:
-        return CurriculumConfig.model_validate(given)
-    except ValidationError as exc:
-        raise ValueError(describe_error(exc)) from None
-
-
-class _VerifierSection(BaseModel):
-    verifier: VerifierConfig  # nested, so an error names its key as the Hydra apps do: verifier.workers
-
-
-def _verifier_config(verifier: VerifierConfig | dict | None, workers: int | None) -> VerifierConfig | None:
-    if verifier is not None and workers is not None:
-        raise ValueError("give verifier_workers or verifier (which has its own workers), not both")
-    if verifier is None or isinstance(verifier, VerifierConfig):
-        return verifier
-    try:
-        return _VerifierSection.model_validate({"verifier": verifier}).verifier
-    except ValidationError as exc:
-        raise ValueError(describe_error(exc)) from None
-
-
-def _default_store_url(output_dir: str | None) -> str:
-    folder = Path(output_dir or ".")
-    folder.mkdir(parents=True, exist_ok=True)
-    return default_store_url(folder)
-
-
-def _trl_settings(args: Any) -> dict:
-    keys = ("max_steps", "learning_rate", "beta", "num_generations", "generation_batch_size", "num_iterations",
-            "max_completion_length", "temperature", "loss_type", "seed")
-    settings = {k: getattr(args, k) for k in keys if isinstance(getattr(args, k, None), (int, float, str))}
-    for package in ("trl", "transformers"):
-        try:
-            settings[f"{package}_version"] = version(package)
-        except PackageNotFoundError:
-            pass
-    return settings
 
 
 def _log_to_trl(log_metric: Callable[[str, float], None], tasks: list[Task], verdicts: list[Verdict],
