@@ -87,7 +87,7 @@ class Scheduler:
         per_domain = allocate(weights, self.credit, self.prompts_per_step)
         plan = Plan(step=step, domains=list(self.domains), weights=weights,
                     levels=self.controller.levels(), counts=self._split_levels(step, per_domain),
-                    hints=self.cold.hint_shares(self.signals))
+                    hints=self.cold.hint_shares(self.signals), seen_step=self.last_step or 0)
         self._pending[step] = plan
         return plan
 
