@@ -7,6 +7,9 @@ back to the curriculum, which records them in one store transaction and learns f
 
 Under ``torchrun`` the ranks share each step's sampling, verification and training; rank 0 alone
 holds the curriculum and the store (``trainer/distributed.py`` explains the split).
+
+With ``trainer.system.pipeline=async`` the next step's rollouts are sampled during the update by a
+copy of the policy one update old (``trainer/recipe/pipeline.py``).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from trainer.recipe.audit import CanaryPaid, canary_summary
 from trainer.recipe.evaluate import HeldoutEvaluation, format_eval
 from trainer.recipe.health import HealthMonitor
 from trainer.recipe.metrics import MetricsLogger
+from trainer.recipe.pipeline import RolloutPipeline
 from trainer.recipe.sft import warm_start, warm_start_counts
 from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, precision, resume_hint,
                              seed_everything, within_share)
@@ -67,6 +71,7 @@ class GRPORecipe:
         self.health = HealthMonitor(cfg.health)
         self.step_alarms: dict[int, list[str]] = {}  # the latest step's alarms, as stored
         self.world = distributed.World()  # setup joins the process group under torchrun
+        self.pipeline: RolloutPipeline | None = None  # pipeline=async: the rollouts sampled ahead
 
     # -- setup ------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -104,6 +109,7 @@ class GRPORecipe:
         self.collector = RolloutCollector(self.model, self.tokenizer, self.domains, self.pool, cfg.trainer,
                                           seed=cfg.seed, world=self.world, device=self.device,
                                           sampler=self._sampler, autocast=self._autocast)
+        self.pipeline = self._pipeline()
         state = self._resume(latest) if latest is not None else None
         self.curriculum = distributed.SharedCurriculum(self.world, self._curriculum(state))
         self.run_id = self.curriculum.inner.run_id if self.world.is_main else self.run_id
@@ -115,6 +121,18 @@ class GRPORecipe:
             changed = (f" with settings changed since it started: {'; '.join(self.resumed_changes)}"
                        if self.resumed_changes else "")
             self.logger.write(f"resuming run {self.run_id} at step {self.start_step}{changed}")
+
+    def _pipeline(self) -> RolloutPipeline | None:
+        """Under pipeline=async, the sampling copy of the policy and its own collector (eager sampler)."""
+        cfg = self.cfg
+        if cfg.trainer.system.pipeline != "async":
+            return None
+        if self.world.size > 1:
+            raise ConfigError("trainer.system.pipeline=async runs in one process: launch without torchrun, or set "
+                              "trainer.system.pipeline=sync")
+        return RolloutPipeline(self.model, lambda model: RolloutCollector(
+            model, self.tokenizer, self.domains, self.pool, cfg.trainer, seed=cfg.seed, world=self.world,
+            device=self.device, sampler=lambda: generate, autocast=self._autocast))
 
     def _build_models(self, resuming: bool) -> str:
         """The policy (rank 0 builds the tiny model's folder; the other ranks then read it), the KL
@@ -260,16 +278,28 @@ class GRPORecipe:
     def train_step(self, step: int) -> dict[str, Any]:
         t = self.cfg.trainer
         timer: dict[str, float] = defaultdict(float)
-        plan = self.curriculum.plan(step)
-        with gathered(self.model):  # sharded: the full weights, so ranks may sample unequal amounts
-            rollouts = self.collector.collect_step(plan, self.curriculum, timer)
+        ahead = self.pipeline.take(step) if self.pipeline is not None else None
+        if ahead is not None:  # async: sampled during the last update, by the policy from before it
+            plan, rollouts = ahead.plan, ahead.rollouts
+            timer.update(ahead.timer)
+        else:
+            plan = self.curriculum.plan(step)
+            with gathered(self.model):  # sharded: the full weights, so ranks may sample unequal amounts
+                rollouts = self.collector.collect_step(plan, self.curriculum, timer)
         advantages = group_advantages(rollouts.batch.rewards, t.loss.advantage_std)  # [P, G]
         start = time.perf_counter()
-        blend = self._blend(step, rollouts.batch.tasks)
-        with self._cpu_threads(t.system.update_cpu_threads):
+        blend = self._blend(step, rollouts.batch.tasks)  # its draw before the rollout thread draws
+        overlapped = self.pipeline is not None and step < t.steps
+        # overlapped, the update and the rollout thread split the update's share of the cores
+        with self._cpu_threads(max(1, within_share(t.system.update_cpu_threads) // 2) if overlapped
+                               else t.system.update_cpu_threads):
+            if overlapped:  # the next step is planned now, before this one is recorded
+                self.pipeline.start(self.curriculum.plan(step + 1), self.model, self.curriculum)
             update = self.update(rollouts.batch.rollout, advantages.flatten(), blend)
         self._engine_stale = True
         timer["train"] = time.perf_counter() - start
+        if self.pipeline is not None:
+            update.update({"async/staleness": float(ahead is not None), "time/rollout_wait": self.pipeline.wait()})
         start = time.perf_counter()
         groups = rollouts.groups(advantages)
         metrics = step_report.step_metrics(step, rollouts, update, timer)
@@ -413,6 +443,8 @@ class GRPORecipe:
             state=state, world=self.world)
 
     def cleanup(self, status: str = "finished") -> None:
+        if self.pipeline is not None:  # before the pool: a collection in flight still verifies
+            self.pipeline.close()
         if self.pool is not None:
             self.pool.close()
         if self.curriculum is not None and self.curriculum.inner is not None:
