@@ -109,6 +109,11 @@ class Curriculum:
     def plan(self, step: int) -> Plan:
         return self.scheduler.plan(step)
 
+    def adopt_plan(self, plan: Plan) -> None:
+        """A plan handed out before a checkpoint, for a step not yet recorded (the trainer's async
+        pipeline plans one step ahead): ``plan(plan.step)`` and ``record`` use it again after a resume."""
+        self.scheduler.adopt(plan)
+
     def draw(self, counts: Mapping[tuple[str, int], int], step: int | None = None, rng=None) -> list[Task]:
         """Tasks for each (domain, level) slot; with a training ``step`` the prompt selector picks
         among candidates, and the step's plan says what share of each domain's tasks is hinted

@@ -91,6 +91,11 @@ class Scheduler:
         self._pending[step] = plan
         return plan
 
+    def adopt(self, plan: Plan) -> None:
+        """Hand ``plan`` out again for its step: a plan made before a checkpoint and carried in it
+        (the trainer's async pipeline plans a step ahead), so a resumed run records the plan it drew with."""
+        self._pending[plan.step] = plan
+
     def _split_levels(self, step: int, per_domain: np.ndarray) -> dict[tuple[str, int], int]:
         """Each domain's prompts over its levels, following the controller's shares.
 

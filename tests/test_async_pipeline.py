@@ -1,6 +1,8 @@
 """The async pipeline (trainer.system.pipeline=async): rollouts of step t+1 sampled during step t's
 update by the policy from before it, corrected in the loss by the behaviour log-probs."""
 import json
+import os
+import signal
 
 import pytest
 import torch
@@ -143,3 +145,54 @@ def test_unsupported_async_settings_are_refused_in_one_line(tmp_path, pipeline, 
 def test_async_samples_with_the_eager_sampler_on_any_device():
     assert TrainerConfig.model_validate({"system": {"pipeline": "async"}}).sampler_kind("cuda") == "hf"
     assert TrainerConfig().sampler_kind("cuda") == "captured"
+
+
+def _rows(cfg) -> dict[int, list[tuple]]:
+    with StatsStore(f"sqlite:///{cfg.output_dir}/palestra.db") as store:
+        [run] = store.runs()
+        rows = store.results(run["id"])
+    return {s: sorted((r["task_id"], r["completion"], r["reward"]) for r in rows if r["step"] == s)
+            for s in sorted({r["step"] for r in rows})}
+
+
+def test_an_async_run_stopped_between_steps_resumes_as_the_uninterrupted_run_goes_on(tmp_path, plugin_package):
+    straight = GRPORecipe(config(tmp_path / "straight", "async", steps=4))
+    try:
+        straight.setup()
+        straight.train()
+        straight_params = {k: v.detach().clone() for k, v in straight.model.named_parameters()}
+    finally:
+        straight.cleanup()
+
+    stopped = GRPORecipe(config(tmp_path / "stopped", "async", steps=4))
+    stepping = stopped.train_step
+
+    def sigterm_after_step_2(step: int) -> dict:
+        metrics = stepping(step)
+        if step == 2:  # as a cluster's requeue would: the step finishes, a checkpoint is saved, the run stops
+            os.kill(os.getpid(), signal.SIGTERM)
+        return metrics
+
+    stopped.train_step = sigterm_after_step_2
+    try:
+        stopped.setup()
+        with pytest.raises(KeyboardInterrupt):
+            stopped.train()
+    finally:
+        stopped.cleanup("interrupted")
+    state = torch.load(tmp_path / "stopped" / "run" / "checkpoints" / "step-0000002" / "trainer_state.pt",
+                       weights_only=False)
+    assert state["pipeline_ahead"].plan.step == 3  # step 3's rollouts, sampled during step 2's update
+
+    resumed = GRPORecipe(config(tmp_path / "stopped", "async", steps=4).model_copy(update={"resume": "auto"}))
+    try:
+        resumed.setup()
+        assert resumed.start_step == 2
+        resumed.train()
+        resumed_params = dict(resumed.model.named_parameters())
+    finally:
+        resumed.cleanup()
+    straight_rows, resumed_rows = _rows(straight.cfg), _rows(resumed.cfg)
+    assert sorted(resumed_rows) == [1, 2, 3, 4]
+    assert resumed_rows == straight_rows  # the same completions and rewards at every step, the in-flight one too
+    assert all(torch.equal(resumed_params[k], v) for k, v in straight_params.items())

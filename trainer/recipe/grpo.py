@@ -113,6 +113,8 @@ class GRPORecipe:
         state = self._resume(latest) if latest is not None else None
         self.curriculum = distributed.SharedCurriculum(self.world, self._curriculum(state))
         self.run_id = self.curriculum.inner.run_id if self.world.is_main else self.run_id
+        if self.pipeline is not None and state is not None:  # the next step's rollouts, sampled before the stop
+            self.pipeline.load_state_dict(state, self.curriculum.inner)
         self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.system.table_every)
                        if self.world.is_main else distributed.QuietLogger())
         self.update.alarm = self.logger.write
@@ -436,7 +438,8 @@ class GRPORecipe:
         if self.world.is_main:
             curriculum = self.curriculum.inner.state_dict(allow_unwritten=unwritten is not None)
             state = {"run_id": self.run_id, **curriculum, "unwritten": unwritten or [], "rng": checkpoint.capture_rng(),
-                     "health": self.health.state_dict(), **self.heldout.state_dict()}
+                     "health": self.health.state_dict(), **self.heldout.state_dict(),
+                     **(self.pipeline.state_dict() if self.pipeline is not None else {})}
         return checkpoint.save(
             self.output_dir, step, keep=self.cfg.checkpoint.keep, model=self.model, tokenizer=self.tokenizer,
             optimizer=self.optimizer, lr_schedule=self.lr_schedule, export_merged=self.cfg.model.lora.export_merged,

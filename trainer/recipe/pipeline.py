@@ -29,9 +29,12 @@ thread starts, the record after it ends), so no lock is needed and a run draws t
 time. The plan for t+1 is made before step t is recorded: it saw the statistics up to step t-1,
 which the store keeps as ``plan/seen_step`` in the step's metrics (``curriculum/steps.py``).
 
+A checkpoint after step t holds step t+1's rollouts, sampled ahead, and the plan they were drawn
+for (``state_dict``); a resumed run trains on them and records that plan, so it goes on as the
+uninterrupted run would have (the curriculum's draw state and the RNGs are saved after that draw).
+
 Not supported (rejected by the config): torchrun with several ranks, FSDP, and the captured and
-vLLM samplers (which do not record behaviour log-probs). A checkpoint does not hold the in-flight
-rollouts: a resumed run samples its first step afresh with the resumed weights (staleness 0).
+vLLM samplers (which do not record behaviour log-probs).
 """
 from __future__ import annotations
 
@@ -113,6 +116,17 @@ class RolloutPipeline:
             raise failed
         ready, self.ready = self.ready, None
         return ready if ready is not None and ready.plan.step == step else None
+
+    def state_dict(self) -> dict:
+        """For a checkpoint between steps: the rollouts sampled ahead (none after the last step)."""
+        return {"pipeline_ahead": self.ready} if self.ready is not None else {}
+
+    def load_state_dict(self, state: dict, curriculum) -> None:
+        """Take back a checkpoint's rollouts sampled ahead, and give the curriculum back their plan."""
+        ahead = state.get("pipeline_ahead")
+        if ahead is not None:
+            self.ready = ahead
+            curriculum.adopt_plan(ahead.plan)
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
