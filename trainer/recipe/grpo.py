@@ -278,7 +278,7 @@ class GRPORecipe:
         self._evaluate(0, "held-out success before GRPO", keep="before")
 
     def train_step(self, step: int) -> dict[str, Any]:
-        t = self.cfg.trainer
+        t, began = self.cfg.trainer, time.perf_counter()
         timer: dict[str, float] = defaultdict(float)
         ahead = self.pipeline.take(step) if self.pipeline is not None else None
         if ahead is not None:  # async: sampled during the last update, by the policy from before it
@@ -309,6 +309,7 @@ class GRPORecipe:
         metrics.update(trained_metrics((task.domain for task in rollouts.batch.tasks), plan.domains))
         metrics = self.curriculum.record(step, groups, metrics)
         metrics["time/record"] = time.perf_counter() - start
+        metrics["time/step"] = time.perf_counter() - began  # the step's wall time (overlapping parts once)
         self.logger.log(step, metrics)
         self._alarm(step, self.health.after_step(metrics, format_error_examples(groups)))
         return metrics
