@@ -138,8 +138,8 @@ class Curriculum:
         per-domain ones, the prompt selector's counts)."""
         rows = outcomes(groups, self.domains)
         stored = {**(metrics or {}), **plan_metrics(self.scheduler.plan(step), groups)}
-        if self.selector is not None:  # it counted while this step's tasks were drawn
-            stored.update(self.selector.metrics())
+        if self.selector is not None:  # it counted while this step's tasks were drawn (a step drawn ahead keeps its own)
+            stored.update(self.selector.metrics(step))
         tasks = {g.task.id: g.task.to_json() for g in groups}  # for `palestra replay`
         self.record_outcomes(step, rows, stored, tasks)
         return stored
