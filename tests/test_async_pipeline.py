@@ -196,3 +196,23 @@ def test_an_async_run_stopped_between_steps_resumes_as_the_uninterrupted_run_goe
     assert sorted(resumed_rows) == [1, 2, 3, 4]
     assert resumed_rows == straight_rows  # the same completions and rewards at every step, the in-flight one too
     assert all(torch.equal(resumed_params[k], v) for k, v in straight_params.items())
+
+
+def test_async_trains_lora_adapters_with_the_sampler_copy_taking_the_adapters_too(tmp_path, plugin_package):
+    cfg = config(tmp_path, "async", steps=3)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={
+        "lora": cfg.model.lora.model_copy(update={"enabled": True, "rank": 4, "alpha": 8})})})
+    recipe = GRPORecipe(cfg)
+    try:
+        recipe.setup()
+        initial = {k: v.detach().clone() for k, v in recipe.model.named_parameters()}
+        recipe.train_step(1)
+        after_first = {k: v.detach().clone() for k, v in recipe.model.named_parameters()}
+        second = recipe.train_step(2)  # step 3 was sampled during it, by the weights after update 1
+        sampler = dict(recipe.pipeline.model.named_parameters())
+    finally:
+        recipe.cleanup()
+    adapters = [k for k in initial if "lora_" in k]
+    assert adapters and any(not torch.equal(initial[k], after_first[k]) for k in adapters)  # update 1 moved them
+    assert all(torch.equal(sampler[k], after_first[k]) for k in initial)
+    assert second["async/staleness"] == 1.0 and second["async/log_ratio_max"] > 0
