@@ -110,6 +110,11 @@ class Curriculum:
     def plan(self, step: int) -> Plan:
         return self.scheduler.plan(step)
 
+    def adopt_plan(self, plan: Plan) -> None:
+        """A plan handed out before a checkpoint, for a step not yet recorded (the trainer's async
+        pipeline plans one step ahead): ``plan(plan.step)`` and ``record`` use it again after a resume."""
+        self.scheduler.adopt(plan)
+
     def draw(self, counts: Mapping[tuple[str, int], int], step: int | None = None, rng=None) -> list[Task]:
         """Tasks for each (domain, level) slot; with a training ``step`` the prompt selector picks
         among candidates, and the step's plan says what share of each domain's tasks is hinted
@@ -134,8 +139,8 @@ class Curriculum:
         per-domain ones, the prompt selector's counts)."""
         rows = outcomes(groups, self.domains)
         stored = {**(metrics or {}), **plan_metrics(self.scheduler.plan(step), groups)}
-        if self.selector is not None:  # it counted while this step's tasks were drawn
-            stored.update(self.selector.metrics())
+        if self.selector is not None:  # it counted while this step's tasks were drawn (a step drawn ahead keeps its own)
+            stored.update(self.selector.metrics(step))
         tasks = {g.task.id: g.task.to_json() for g in groups}  # for `palestra replay`
         self.record_outcomes(step, rows, stored, tasks)
         return stored

@@ -124,7 +124,9 @@ class PromptSelector:
     def _reset(self) -> None:
         self.prompts: dict[str, PromptStats] = {}
         self.last_step: int | None = None
-        self._counts: Counter = Counter()  # what choose() did since the last metrics() call
+        # what choose() did since the last metrics() call, by the step drawn for: the trainer's async
+        # pipeline draws step t+1 before it records step t, whose counts must not take t+1's
+        self._counts: dict[int, Counter] = {}
 
     # -- what the trainer asks ------------------------------------------------------------------
     def tracks(self, domain: str) -> bool:
@@ -153,7 +155,7 @@ class PromptSelector:
         score = self._beta_score(stats, rng) if "beta" in modes else np.arange(len(pool), dtype=float)
         picks, replayed = self._pick(n, retired, skipped, score, rng)
         chosen = [pool[i] for i in sorted(picks)]
-        self._count(domain, stats, retired, skipped, picks, replayed)
+        self._count(self._counts.setdefault(int(step), Counter()), domain, stats, retired, skipped, picks, replayed)
         return chosen + _pad(candidates, chosen, n)
 
     def record(self, step: int, outcomes: list[Outcome]) -> None:
@@ -169,11 +171,13 @@ class PromptSelector:
             self.store.write_prompt_step(self.run_id, step, deltas)
         self._apply(step, deltas)
 
-    def metrics(self) -> dict[str, int]:
-        """Counts since the last call, per domain: considered, unseen, skipped, retired, replayed."""
-        out = {f"selection/{domain}/{key}": int(v) for (domain, key), v in sorted(self._counts.items())}
-        self._counts.clear()
-        return out
+    def metrics(self, step: int | None = None) -> dict[str, int]:
+        """Counts since the last call, per domain: considered, unseen, skipped, retired, replayed; of
+        the draws for ``step`` and the steps before it (all of them without a step)."""
+        total: Counter = Counter()
+        for s in sorted(s for s in self._counts if step is None or s <= step):
+            total.update(self._counts.pop(s))  # update, not +: a count of 0 stays a stored 0
+        return {f"selection/{domain}/{key}": int(v) for (domain, key), v in sorted(total.items())}
 
     # -- the rules ------------------------------------------------------------------------------
     def _rng(self, domain: str, level: int, step: int, pool: "list[Task]") -> np.random.Generator:
@@ -220,8 +224,8 @@ class PromptSelector:
             picks += rest[:n - len(picks)]
         return picks, replayed
 
-    def _count(self, domain, stats, retired, skipped, picks, replayed) -> None:
-        c = self._counts
+    @staticmethod
+    def _count(c: Counter, domain, stats, retired, skipped, picks, replayed) -> None:
         c[(domain, "considered")] += len(stats)
         c[(domain, "unseen")] += sum(s is None for s in stats)
         c[(domain, "skipped")] += int(np.sum(skipped & ~retired))

@@ -87,7 +87,7 @@ class Scheduler:
         per_domain = allocate(weights, self.credit, self.prompts_per_step)
         plan = Plan(step=step, domains=list(self.domains), weights=weights,
                     levels=self.controller.levels(), counts=self._split_levels(step, per_domain),
-                    hints=self.cold.hint_shares(self.signals))
+                    hints=self.cold.hint_shares(self.signals), seen_step=self.last_step or 0)
         self._pending[step] = plan
         return plan
 
@@ -106,6 +106,11 @@ class Scheduler:
             if list(plan.domains) != self.domains:
                 raise ValueError(f"plan step {plan.step} was made for other domains than this scheduler's")
             self._pending[plan.step] = plan
+
+    def adopt(self, plan: Plan) -> None:
+        """Hand ``plan`` out again for its step: a plan made before a checkpoint and carried in it
+        (the trainer's async pipeline plans a step ahead), so a resumed run records the plan it drew with."""
+        self.reissue([plan])
 
     def _split_levels(self, step: int, per_domain: np.ndarray) -> dict[tuple[str, int], int]:
         """Each domain's prompts over its levels, following the controller's shares.

@@ -46,9 +46,11 @@ def outcomes(groups: Sequence[Group], domains: dict[str, Domain]) -> list[Outcom
 
 def plan_metrics(plan: Plan, groups: Sequence[Group]) -> dict[str, Any]:
     """The step's ``domain/<name>/...`` metrics: the plan's weight, level and prompts for every
-    domain, and what its completions earned for those that had any."""
+    domain, and what its completions earned for those that had any; and ``plan/seen_step``, the
+    last step whose results the plan saw."""
     per_domain = domain_metrics(groups)
-    metrics: dict[str, Any] = {}
+    # which step's statistics the plan was made from: a plan made ahead (the async pipeline) saw fewer
+    metrics: dict[str, Any] = {"plan/seen_step": int(plan.seen_step)}
     hinted = hinted_groups(plan, groups)
     for i, name in enumerate(plan.domains):
         metrics[f"domain/{name}/weight"] = float(plan.weights[i])

@@ -17,6 +17,9 @@ class Plan:
     levels: np.ndarray  # [D] current difficulty level per domain (int)
     counts: dict[tuple[str, int], int] = field(default_factory=dict)  # (domain, level) -> prompts
     hints: np.ndarray | None = None  # [D] share of each domain's training tasks drawn hinted (None: none)
+    # the last step whose results the plan saw (0: none). One less than ``step`` when steps run in
+    # turn; two less under the trainer's async pipeline, which plans step t+1 before recording step t
+    seen_step: int = 0
 
     @property
     def total(self) -> int:

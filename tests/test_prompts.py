@@ -335,3 +335,16 @@ def _close(a: dict, b: dict) -> bool:
     x, y = by_id(a["prompts"]), by_id(b["prompts"])
     same = all(x[i][:-2] == y[i][:-2] and np.allclose(x[i][-2:], y[i][-2:]) for i in x)
     return {**a, "prompts": None} == {**b, "prompts": None} and x.keys() == y.keys() and same
+
+
+def test_selection_counts_stay_with_the_step_they_were_drawn_for():
+    """The async pipeline draws step t+1 before recording step t: t's counts must not take t+1's."""
+    sel = _selector("beta")
+    sel.choose("ds", 0, [_task(i) for i in range(6)], 2, step=2)
+    sel.choose("ds", 0, [_task(i) for i in range(10, 13)], 1, step=3)  # drawn ahead
+    assert sel.metrics(2)["selection/ds/considered"] == 6
+    assert sel.metrics(3)["selection/ds/considered"] == 3
+    assert sel.metrics(3) == {}  # each count is handed out once
+    sel.choose("ds", 0, [_task(i) for i in range(4)], 1, step=4)
+    assert sel.metrics() == {"selection/ds/considered": 4, "selection/ds/unseen": 4, "selection/ds/skipped": 0,
+                             "selection/ds/retired": 0, "selection/ds/replayed": 0}

@@ -161,6 +161,10 @@ class LossConfig(Strict):
     # drawn afresh with the warm start's mix of domains and levels, a rehearsal of what GRPO may
     # not be training at the moment, against forgetting (trainer/recipe/grpo.py, blend_tasks)
     sft_source: Literal["step", "warm_start"] = "warm_start"
+    # trainer.system.pipeline=async: the cap C of the truncated importance weight
+    # min(pi_old / pi_behaviour, C) that corrects for rollouts sampled by a stale policy
+    # (trainer/update/losses.py, grpo_loss); unused under sync, whose rollouts are on-policy
+    behaviour_is_cap: float = Field(2.0, ge=1)
 
 
 class OptimConfig(Strict):
@@ -193,6 +197,13 @@ class SystemConfig(Strict):
     # sharded over the ranks with FSDP2 (trainer/models/sharding.py; model.dtype=bfloat16 on CUDA gathers
     # the weights in bf16). One process trains unsharded either way.
     sharding: Literal["replicate", "fsdp"] = "replicate"
+    # sync: plan, sample, verify, update, record in turn. async: step t+1's rollouts are sampled by
+    # a copy of the policy from before step t's update while that update runs (one step off-policy,
+    # corrected in the loss; trainer/recipe/pipeline.py, docs/async.md)
+    pipeline: Literal["sync", "async"] = "sync"
+    # how many updates old the sampling policy may be under async; the pipeline keeps one step in
+    # flight, so 1 is the only value it takes for now
+    max_staleness: int = Field(1, ge=1)
 
 
 TRAINER_GROUPS: dict[str, type[BaseModel]] = {
@@ -237,6 +248,22 @@ class TrainerConfig(Strict):
                              "(its weights are gathered anew for every forward): set trainer.sampling.rollout_backend=hf")
         return self
 
+    @model_validator(mode="after")
+    def _async_pipeline(self) -> "TrainerConfig":
+        if self.system.pipeline != "async":
+            return self
+        if self.system.max_staleness != 1:
+            raise ValueError(f"trainer.system.max_staleness={self.system.max_staleness} is not supported: the async "
+                             "pipeline keeps one step in flight, so set max_staleness=1")
+        if self.sampling.rollout_backend in ("vllm", "captured"):
+            raise ValueError(f"trainer.system.pipeline=async samples with the trainer's own eager sampler (it records "
+                             f"the behaviour log-probs): set trainer.sampling.rollout_backend=hf, not "
+                             f"{self.sampling.rollout_backend}")
+        if self.system.sharding == "fsdp":
+            raise ValueError("trainer.system.pipeline=async needs one process holding the whole model: set "
+                             "trainer.system.sharding=replicate (and run without torchrun)")
+        return self
+
     def sampler_kind(self, device_type: str) -> str:
         """The rollout backend ``auto`` stands for on this device: the captured sampler on CUDA (on an
         H200 it sampled 1.45x and 2.9x the eager one's tokens/s at the 358M and SmolLM2 shapes, and
@@ -244,6 +271,8 @@ class TrainerConfig(Strict):
         FSDP, whose weights are gathered anew for every forward."""
         if self.sampling.rollout_backend != "auto":
             return self.sampling.rollout_backend
+        if self.system.pipeline == "async":  # the sampler that records behaviour log-probs
+            return "hf"
         return "captured" if device_type == "cuda" and self.system.sharding != "fsdp" else "hf"
 
 

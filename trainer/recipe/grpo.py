@@ -7,6 +7,9 @@ back to the curriculum, which records them in one store transaction and learns f
 
 Under ``torchrun`` the ranks share each step's sampling, verification and training; rank 0 alone
 holds the curriculum and the store (``trainer/distributed.py`` explains the split).
+
+With ``trainer.system.pipeline=async`` the next step's rollouts are sampled during the update by a
+copy of the policy one update old (``trainer/recipe/pipeline.py``).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from trainer.recipe.audit import CanaryPaid, canary_summary
 from trainer.recipe.evaluate import HeldoutEvaluation, format_eval
 from trainer.recipe.health import HealthMonitor
 from trainer.recipe.metrics import MetricsLogger
+from trainer.recipe.pipeline import RolloutPipeline
 from trainer.recipe.sft import warm_start, warm_start_counts
 from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, precision, resume_hint,
                              seed_everything, within_share)
@@ -67,6 +71,7 @@ class GRPORecipe:
         self.health = HealthMonitor(cfg.health)
         self.step_alarms: dict[int, list[str]] = {}  # the latest step's alarms, as stored
         self.world = distributed.World()  # setup joins the process group under torchrun
+        self.pipeline: RolloutPipeline | None = None  # pipeline=async: the rollouts sampled ahead
 
     # -- setup ------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -104,9 +109,12 @@ class GRPORecipe:
         self.collector = RolloutCollector(self.model, self.tokenizer, self.domains, self.pool, cfg.trainer,
                                           seed=cfg.seed, world=self.world, device=self.device,
                                           sampler=self._sampler, autocast=self._autocast)
+        self.pipeline = self._pipeline()
         state = self._resume(latest) if latest is not None else None
         self.curriculum = distributed.SharedCurriculum(self.world, self._curriculum(state))
         self.run_id = self.curriculum.inner.run_id if self.world.is_main else self.run_id
+        if self.pipeline is not None and state is not None:  # the next step's rollouts, sampled before the stop
+            self.pipeline.load_state_dict(state, self.curriculum.inner)
         self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.system.table_every)
                        if self.world.is_main else distributed.QuietLogger())
         self.update.alarm = self.logger.write
@@ -115,6 +123,18 @@ class GRPORecipe:
             changed = (f" with settings changed since it started: {'; '.join(self.resumed_changes)}"
                        if self.resumed_changes else "")
             self.logger.write(f"resuming run {self.run_id} at step {self.start_step}{changed}")
+
+    def _pipeline(self) -> RolloutPipeline | None:
+        """Under pipeline=async, the sampling copy of the policy and its own collector (eager sampler)."""
+        cfg = self.cfg
+        if cfg.trainer.system.pipeline != "async":
+            return None
+        if self.world.size > 1:
+            raise ConfigError("trainer.system.pipeline=async runs in one process: launch without torchrun, or set "
+                              "trainer.system.pipeline=sync")
+        return RolloutPipeline(self.model, lambda model: RolloutCollector(
+            model, self.tokenizer, self.domains, self.pool, cfg.trainer, seed=cfg.seed, world=self.world,
+            device=self.device, sampler=lambda: generate, autocast=self._autocast))
 
     def _build_models(self, resuming: bool) -> str:
         """The policy (rank 0 builds the tiny model's folder; the other ranks then read it), the KL
@@ -258,18 +278,30 @@ class GRPORecipe:
         self._evaluate(0, "held-out success before GRPO", keep="before")
 
     def train_step(self, step: int) -> dict[str, Any]:
-        t = self.cfg.trainer
+        t, began = self.cfg.trainer, time.perf_counter()
         timer: dict[str, float] = defaultdict(float)
-        plan = self.curriculum.plan(step)
-        with gathered(self.model):  # sharded: the full weights, so ranks may sample unequal amounts
-            rollouts = self.collector.collect_step(plan, self.curriculum, timer)
+        ahead = self.pipeline.take(step) if self.pipeline is not None else None
+        if ahead is not None:  # async: sampled during the last update, by the policy from before it
+            plan, rollouts = ahead.plan, ahead.rollouts
+            timer.update(ahead.timer)
+        else:
+            plan = self.curriculum.plan(step)
+            with gathered(self.model):  # sharded: the full weights, so ranks may sample unequal amounts
+                rollouts = self.collector.collect_step(plan, self.curriculum, timer)
         advantages = group_advantages(rollouts.batch.rewards, t.loss.advantage_std)  # [P, G]
         start = time.perf_counter()
-        blend = self._blend(step, rollouts.batch.tasks)
-        with self._cpu_threads(t.system.update_cpu_threads):
+        blend = self._blend(step, rollouts.batch.tasks)  # its draw before the rollout thread draws
+        overlapped = self.pipeline is not None and step < t.steps
+        # overlapped, the update and the rollout thread split the update's share of the cores
+        with self._cpu_threads(max(1, within_share(t.system.update_cpu_threads) // 2) if overlapped
+                               else t.system.update_cpu_threads):
+            if overlapped:  # the next step is planned now, before this one is recorded
+                self.pipeline.start(self.curriculum.plan(step + 1), self.model, self.curriculum)
             update = self.update(rollouts.batch.rollout, advantages.flatten(), blend)
         self._engine_stale = True
         timer["train"] = time.perf_counter() - start
+        if self.pipeline is not None:
+            update.update({"async/staleness": float(ahead is not None), "time/rollout_wait": self.pipeline.wait()})
         start = time.perf_counter()
         groups = rollouts.groups(advantages)
         metrics = step_report.step_metrics(step, rollouts, update, timer)
@@ -277,6 +309,7 @@ class GRPORecipe:
         metrics.update(trained_metrics((task.domain for task in rollouts.batch.tasks), plan.domains))
         metrics = self.curriculum.record(step, groups, metrics)
         metrics["time/record"] = time.perf_counter() - start
+        metrics["time/step"] = time.perf_counter() - began  # the step's wall time (overlapping parts once)
         self.logger.log(step, metrics)
         self._alarm(step, self.health.after_step(metrics, format_error_examples(groups)))
         return metrics
@@ -406,13 +439,16 @@ class GRPORecipe:
         if self.world.is_main:
             curriculum = self.curriculum.inner.state_dict(allow_unwritten=unwritten is not None)
             state = {"run_id": self.run_id, **curriculum, "unwritten": unwritten or [], "rng": checkpoint.capture_rng(),
-                     "health": self.health.state_dict(), **self.heldout.state_dict()}
+                     "health": self.health.state_dict(), **self.heldout.state_dict(),
+                     **(self.pipeline.state_dict() if self.pipeline is not None else {})}
         return checkpoint.save(
             self.output_dir, step, keep=self.cfg.checkpoint.keep, model=self.model, tokenizer=self.tokenizer,
             optimizer=self.optimizer, lr_schedule=self.lr_schedule, export_merged=self.cfg.model.lora.export_merged,
             state=state, world=self.world)
 
     def cleanup(self, status: str = "finished") -> None:
+        if self.pipeline is not None:  # before the pool: a collection in flight still verifies
+            self.pipeline.close()
         if self.pool is not None:
             self.pool.close()
         if self.curriculum is not None and self.curriculum.inner is not None:

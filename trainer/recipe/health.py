@@ -9,7 +9,9 @@
   that raises), which then train as failures: said once per domain, at the first such step;
 - a domain whose completions are nearly all format errors over the last steps (a model that never
   writes the answer the way the verifier reads it — a pretrained chat model given prompts it does
-  not follow, say): said once per domain, quoting one completion.
+  not follow, say): said once per domain, quoting one completion;
+- under the async pipeline, the behaviour policy (the stale copy that sampled) drifting too far from
+  the policy trained: the spread of the per-token log(pi_old / pi_behaviour) above ``behaviour_drift_max``.
 Alarms are logged (``alarm/*`` metrics and a console line); they never stop the run.
 """
 from __future__ import annotations
@@ -32,6 +34,9 @@ class HealthConfig(StrictModel):
     # a domain with at least this share of format errors over its last format_window steps: alarm
     format_error_share: float | None = Field(0.95, gt=0, le=1)
     format_window: int = Field(20, ge=1)
+    # async pipeline: std of the per-token log(pi_old / pi_behaviour) over a step's trained tokens
+    # above this: the importance weights that correct for the stale sampler are too spread to trust
+    behaviour_drift_max: float | None = Field(0.5, gt=0)
 
 
 class HealthMonitor:
@@ -85,6 +90,11 @@ class HealthMonitor:
                 self.unjudged_domains.add(domain)
                 alarms.append(f"the verifier of {domain} could not judge {count} completions of step "
                               f"{metrics.get('step', '?')}; they count as failures (palestra verify says why)")
+        drift, bound = metrics.get("async/log_ratio_std"), self.cfg.behaviour_drift_max
+        if bound is not None and drift is not None and drift > bound:
+            alarms.append(f"behaviour policy drift: std of log(pi_old / pi_behaviour) {drift:.4f} above {bound} "
+                          "(the stale sampler is too far from the trained policy: a lower trainer.optim.lr, or "
+                          "trainer.system.pipeline=sync)")
         alarms += self._format_alarms(metrics, format_examples or {})
         if math.isfinite(metrics.get("reward/mean", float("nan"))):
             self.rewards.append(metrics["reward/mean"])

@@ -48,6 +48,7 @@ def select_rows(rollout: Rollout, rows: list[int]) -> Rollout:
         sequences=rollout.sequences[index], attention_mask=rollout.attention_mask[index],
         completion_mask=rollout.completion_mask[index], prompt_width=rollout.prompt_width,
         truncated=rollout.truncated[index], completion_ids=[rollout.completion_ids[r] for r in rows],
+        logprobs=rollout.logprobs[index] if rollout.logprobs is not None else None,
     )
 
 
@@ -58,11 +59,14 @@ def concat(batches: list[StepBatch], pad_id: int) -> StepBatch:
     width = max(b.rollout.prompt_width for b in batches)
     length = max(b.rollout.completion_mask.shape[1] for b in batches)
     parts = [_repad(b.rollout, width, length, pad_id) for b in batches]
+    # behaviour log-probs are joined only when every part has them (one sampler made the whole step)
+    with_logprobs = all(p.logprobs is not None for p in parts)
     rollout = Rollout(
         sequences=torch.cat([p.sequences for p in parts]), attention_mask=torch.cat([p.attention_mask for p in parts]),
         completion_mask=torch.cat([p.completion_mask for p in parts]), prompt_width=width,
         truncated=torch.cat([p.truncated for p in parts]),
         completion_ids=[ids for p in parts for ids in p.completion_ids],
+        logprobs=torch.cat([p.logprobs for p in parts]) if with_logprobs else None,
     )
     return StepBatch(
         tasks=[t for b in batches for t in b.tasks], group_size=batches[0].group_size, rollout=rollout,
@@ -83,11 +87,13 @@ def _repad(r: Rollout, width: int, length: int, pad_id: int) -> Rollout:
     completion_mask = torch.cat(
         [r.completion_mask, torch.zeros((rows, right), dtype=r.completion_mask.dtype, device=r.completion_mask.device)], dim=1
     )
+    logprobs = (torch.cat([r.logprobs, torch.zeros((rows, right), dtype=r.logprobs.dtype, device=r.logprobs.device)],
+                          dim=1) if r.logprobs is not None else None)
     attention = pad(r.attention_mask, 0)
     attention[:, width + r.completion_mask.shape[1]:] = 1  # padding after completions is harmless
     return Rollout(
         sequences=pad(r.sequences, pad_id), attention_mask=attention, completion_mask=completion_mask,
-        prompt_width=width, truncated=r.truncated, completion_ids=r.completion_ids,
+        prompt_width=width, truncated=r.truncated, completion_ids=r.completion_ids, logprobs=logprobs,
     )
 
 
@@ -111,7 +117,8 @@ def rollout_on_cpu(r: Rollout) -> Rollout:
     """Rollouts are small; on the CPU they can be pickled to other ranks and joined with tool
     episodes (assembled on the CPU) whatever device generated them."""
     return dataclasses.replace(r, sequences=r.sequences.cpu(), attention_mask=r.attention_mask.cpu(),
-                               completion_mask=r.completion_mask.cpu(), truncated=r.truncated.cpu())
+                               completion_mask=r.completion_mask.cpu(), truncated=r.truncated.cpu(),
+                               logprobs=r.logprobs.cpu() if r.logprobs is not None else None)
 
 
 def varied_groups(batch: StepBatch) -> list[int]:

@@ -59,6 +59,8 @@ class RolloutCollector:
         self.model, self.tokenizer, self.domains, self.pool = model, tokenizer, domains, pool
         self.settings, self.seed, self.world, self.device = settings, seed, world, device
         self.sampler, self.autocast = sampler, autocast  # the sampler is asked for per chunk: it may hold stale weights
+        # async pipeline: the rollouts carry the sampling policy's log-probs, for the update's importance weights
+        self.behaviour_logprobs = settings.system.pipeline == "async"
 
     def collect_step(self, plan: Plan, curriculum: SharedCurriculum, timer: dict[str, float]) -> StepRollouts:
         """The plan's tasks, generated and verified; with dynamic sampling, groups whose rewards all
@@ -114,7 +116,8 @@ class RolloutCollector:
                 rollout, texts = sample_rows(
                     self.model, self.tokenizer, rows, self.domains, max_new_tokens=t.sampling.max_new_tokens,
                     max_episode_tokens=t.sampling.max_episode_tokens, temperature=t.sampling.temperature, top_p=t.sampling.top_p,
-                    generator=noise, sampler=self.sampler(), keep_cache=t.sampling.episode_cache)
+                    generator=noise, sampler=self.sampler(), keep_cache=t.sampling.episode_cache,
+                    with_logprobs=self.behaviour_logprobs)
             futures = [self.pool.submit(task, text) for task, text in zip(rows, texts)]
             sampled.append((chunk, rollout_on_cpu(rollout), texts, futures))
         self.model.train()

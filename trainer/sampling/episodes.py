@@ -23,6 +23,7 @@ class Episode:
     prompt: list[int]
     tokens: list[int] = field(default_factory=list)  # everything after the prompt
     policy_mask: list[int] = field(default_factory=list)  # 1 where the policy chose the token
+    logprobs: list[float] = field(default_factory=list)  # the sampler's log-prob of each token (0: not the policy's)
     messages: list[dict] = field(default_factory=list)
     max_turns: int = 1
     turns: int = 0
@@ -46,7 +47,7 @@ def tool_message_tokens(tokenizer, content: str) -> list[int]:
 def run_episodes(
     model: torch.nn.Module, tokenizer, tasks: list[Task], domains: dict[str, Domain], *, max_new_tokens: int,
     max_total_tokens: int, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None,
-    sampler: Sampler = generate, keep_cache: bool = True,
+    sampler: Sampler = generate, keep_cache: bool = True, with_logprobs: bool = False,
 ) -> tuple[Rollout, list[str]]:
     """Play one episode per task (repeat a task G times for a group); returns the rollout and the
     JSON transcripts, row for row. A turn ends at end-of-turn or at the domains' ``stop_text``, which
@@ -77,12 +78,13 @@ def run_episodes(
         budget = max(1, min(max_new_tokens, max(max_total_tokens - len(episodes[i].tokens) for i in live)))
         turn = sampler(model, [episodes[i].prompt + episodes[i].tokens for i in live], max_new_tokens=budget,
                        eos_id=eos, pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
-                       generator=generator, stop=stop, **(dict(context=context, keep_context=True) if carry else {}))
+                       generator=generator, stop=stop, **(dict(context=context, keep_context=True) if carry else {}),
+                       **(dict(with_logprobs=True) if with_logprobs else {}))
         context, played = turn.context, live
         lengths = turn.completion_mask.sum(dim=1).tolist()
         for row, i in enumerate(live):
             _advance(episodes[i], envs[i], turn, row, lengths[row], tokenizer, max_total_tokens, eos)
-    return _to_rollout(episodes, tokenizer.pad_token_id), [json.dumps(e.messages) for e in episodes]
+    return _to_rollout(episodes, tokenizer.pad_token_id, with_logprobs), [json.dumps(e.messages) for e in episodes]
 
 
 def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, max_total_tokens: int,
@@ -92,6 +94,8 @@ def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, 
     chosen = turn.completion_tokens[row, :min(length, room)].tolist()
     ep.tokens += chosen
     ep.policy_mask += [1] * len(chosen)
+    if turn.logprobs is not None:  # the behaviour log-probs of the policy's own tokens; the tool's get 0 below
+        ep.logprobs += turn.logprobs[row, :len(chosen)].tolist()
     text = tokenizer.decode(chosen if over else turn.completion_ids[row], skip_special_tokens=False)
     ep.messages.append({"role": "assistant", "content": text})
     ep.turns += 1
@@ -107,14 +111,16 @@ def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, 
         # the turn stopped at the closing tag: close it as the template would, then the tool speaks
         ep.tokens.append(tokenizer.eos_token_id)
         ep.policy_mask.append(0)
+        ep.logprobs.append(0.0)
     response = tool_message_tokens(tokenizer, result.observation)
     ep.tokens += response
     ep.policy_mask += [0] * len(response)
+    ep.logprobs += [0.0] * len(response)
     if len(ep.tokens) >= max_total_tokens:
         ep.done, ep.truncated = True, True
 
 
-def _to_rollout(episodes: list[Episode], pad_id: int) -> Rollout:
+def _to_rollout(episodes: list[Episode], pad_id: int, with_logprobs: bool = False) -> Rollout:
     ids, prompt_mask = left_pad([e.prompt for e in episodes], pad_id)
     width = max(1, max(len(e.tokens) for e in episodes))
     completion = torch.full((len(episodes), width), pad_id, dtype=torch.long)
@@ -126,13 +132,17 @@ def _to_rollout(episodes: list[Episode], pad_id: int) -> Rollout:
     ended = torch.tensor([not e.truncated for e in episodes])
     rollout = assemble(ids, prompt_mask, completion, lengths, ended, eos_id=-1)
     rollout.completion_mask = mask  # tool tokens are context, not choices: excluded from the loss
+    if with_logprobs:
+        rollout.logprobs = torch.zeros((len(episodes), width))
+        for row, e in enumerate(episodes):
+            rollout.logprobs[row, :len(e.logprobs)] = torch.tensor(e.logprobs, dtype=torch.float32)
     return rollout
 
 
 def sample_rows(
     model: torch.nn.Module, tokenizer, rows: list[Task], domains: dict[str, Domain], *, max_new_tokens: int,
     max_episode_tokens: int, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None,
-    sampler: Sampler = generate, keep_cache: bool = True,
+    sampler: Sampler = generate, keep_cache: bool = True, with_logprobs: bool = False,
 ) -> tuple[Rollout, list[str]]:
     """One completion per row: a single generation, or a whole episode for tool domains.
 
@@ -143,10 +153,10 @@ def sample_rows(
     if domain.multi_turn:
         return run_episodes(model, tokenizer, rows, domains, max_new_tokens=budget,
                             max_total_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
-                            generator=generator, sampler=sampler, keep_cache=keep_cache)
+                            generator=generator, sampler=sampler, keep_cache=keep_cache, with_logprobs=with_logprobs)
     rollout = sampler(model, [encode_prompt(tokenizer, t.prompt) for t in rows], max_new_tokens=budget,
                        eos_id=end_token_ids(model, tokenizer), pad_id=tokenizer.pad_token_id, temperature=temperature,
-                       top_p=top_p, generator=generator)
+                       top_p=top_p, generator=generator, **(dict(with_logprobs=True) if with_logprobs else {}))
     return rollout, tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=False)
 
 

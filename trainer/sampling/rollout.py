@@ -24,6 +24,10 @@ class Rollout:
     truncated: torch.Tensor  # [B] bool: no EOS within the token budget
     completion_ids: list[list[int]]  # per sequence, generated tokens without EOS/padding
     context: "Context | None" = None  # the rows' keys and values, when the sampler was asked to keep them
+    # [B, L] each sampled token's log-prob under the sampling policy at the sampling temperature (the
+    # behaviour policy; 0 outside completion_mask), when the sampler was asked for them: the async
+    # pipeline's importance weights need the policy that sampled, which has moved on by the update
+    logprobs: torch.Tensor | None = None
 
     @property
     def completion_tokens(self) -> torch.Tensor:  # [B, L]
@@ -147,6 +151,7 @@ def generate(
     share_prefill: bool = True,
     context: Context | None = None,
     keep_context: bool = False,
+    with_logprobs: bool = False,
 ) -> Rollout:
     """Sample until an end token (``eos_id``: one, or all a model's generation config names), the
     ``stop`` text (e.g. a closing tool-call tag) or the budget. Rows with the same prompt (a
@@ -156,7 +161,8 @@ def generate(
     context holds are encoded, and the rollout's prompt part is those new tokens; with
     ``keep_context`` the rollout carries the context for the next call. Rows that finish leave
     the batch (unless the context is kept, which needs them) — the random draws stay those of the
-    whole batch, so a seeded call samples the same tokens either way."""
+    whole batch, so a seeded call samples the same tokens either way. ``with_logprobs``: the rollout
+    carries each sampled token's log-prob, taken from the logits it was drawn from."""
     device = next(model.parameters()).device
     end_ids = torch.tensor(as_ids(eos_id), device=device)
     if context is None:
@@ -170,8 +176,10 @@ def generate(
         ids, prompt_mask, logits = extend(model, context, prompts, pad_id)
         kv, mask = context.kv, torch.cat([context.mask, prompt_mask], dim=1)
     decoded = _decode(model, kv, mask, logits, end_ids, pad_id, max_new_tokens, temperature, top_p, generator, stop,
-                      compact=not keep_context)
+                      compact=not keep_context, with_logprobs=with_logprobs)
     rollout = assemble(ids, prompt_mask, decoded.completion, decoded.lengths, decoded.finished, eos_id)
+    if decoded.logprobs is not None:
+        rollout.logprobs = decoded.logprobs * rollout.completion_mask
     if keep_context:
         rollout.context = _carried(decoded, prompt_mask, context)
     return rollout
@@ -184,11 +192,12 @@ class _Decoded:
     finished: torch.Tensor  # [B] bool: ended within the budget
     kv: Cache
     mask: torch.Tensor  # [B, S] the cache's columns (without compaction)
+    logprobs: torch.Tensor | None = None  # [B, L] the sampled tokens' log-probs, when asked for
 
 
 def _decode(model: torch.nn.Module, kv: Cache, mask: torch.Tensor, logits: torch.Tensor, end_ids: torch.Tensor,
             pad_id: int, max_new_tokens: int, temperature: float, top_p: float, generator: torch.Generator | None,
-            stop: StopText | None, compact: bool) -> _Decoded:
+            stop: StopText | None, compact: bool, with_logprobs: bool = False) -> _Decoded:
     """The sampling loop from the prompts' next-token ``logits`` [B, V]. The cache holds the rows
     in ``live``; sampling always draws for all B rows (a finished row's draw is thrown away), so
     the generator's stream does not depend on when rows leave."""
@@ -199,10 +208,14 @@ def _decode(model: torch.nn.Module, kv: Cache, mask: torch.Tensor, logits: torch
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
     generated: list[torch.Tensor] = []
+    chosen_logp: list[torch.Tensor] = []
     for t in range(max_new_tokens):
         token = sample_next(logits, temperature, top_p, generator)
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         generated.append(token)
+        if with_logprobs:  # the update's own formula (logprobs.pick): log-softmax of logits / T, top_p not applied
+            scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+            chosen_logp.append(scaled.log_softmax(dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1))
         ends = torch.isin(token, end_ids)
         if stop is not None:
             ends |= stop.hits(generated, ~finished)
@@ -224,7 +237,8 @@ def _decode(model: torch.nn.Module, kv: Cache, mask: torch.Tensor, logits: torch
             logits[live] = out.logits[:, -1, :]
         next_pos = next_pos + 1
     completion = torch.stack(generated, dim=1)  # [B, L]
-    return _Decoded(completion, lengths.clamp(max=completion.shape[1]), finished, kv, mask)
+    logprobs = torch.stack(chosen_logp, dim=1) if with_logprobs else None
+    return _Decoded(completion, lengths.clamp(max=completion.shape[1]), finished, kv, mask, logprobs)
 
 
 def extend(model: torch.nn.Module, context: Context, transcripts: list[list[int]], pad_id: int,

@@ -6,6 +6,10 @@ rows and weights every loss term by its share of the *whole step's* normaliser â
 token_mean, sequences for seq_mean and constant, reference tokens for the SFT blend â€” so the
 gradients summed over the ranks are the one-process gradient, and so are the summed statistics.
 Needs a model and an optimizer, no store or verifier pool, so a test can call it on its own.
+
+Rows that carry their sampler's log-probs (``Rollout.logprobs``: the async pipeline's, sampled by a
+policy one update old) are weighted by the truncated importance weight of ``losses.grpo_loss``, and
+the update reports the spread of log(pi_old / pi_behaviour) over the trained tokens (``async/*``).
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from trainer.distributed import World
 from trainer.update.supervised import reference_pairs, supervised_loss
 from trainer.sampling.rollout import Rollout
 from trainer.update.logprobs import sequence_logprobs
-from trainer.update.losses import grpo_loss
+from trainer.update.losses import behaviour_gap, grpo_loss
 from trainer.update.reference import Reference
 from trainer.update.shared_prefix import grouped_logprobs
 
@@ -103,17 +107,19 @@ class PolicyUpdate:
         first, last = self.world.share(len(trained))
         mine = trained[first:last]  # this rank's rows: an even share of those trained on
         rows = _Rows(rollout.sequences[mine].to(device), rollout.attention_mask[mine].to(device),
-                     mask[mine].to(device), advantages[mine].to(device), rollout.prompt_width)
+                     mask[mine].to(device), advantages[mine].to(device), rollout.prompt_width,
+                     rollout.logprobs[mine].to(device) if rollout.logprobs is not None else None)
         chunks = [slice(i, min(i + t.optim.micro_batch_size, len(mine))) for i in range(0, len(mine), t.optim.micro_batch_size)]
         old_logp = self.frozen_logprobs(self.model, rows, chunks) if t.optim.mu > 1 else None
         ref_logp = self.reference_logprobs(rows, chunks) if self.reference is not None else None
         norm = _Normaliser(t.loss.aggregation, step_rows, total_tokens, stat_rows, stat_tokens)
         stats: dict[str, float] = defaultdict(float)
         grad_norm = 0.0
-        for _ in range(t.optim.mu):
+        gap = [0.0, 0.0, 0.0, 0]  # sum, sum of squares, max |.| and count of log(pi_old / pi_behaviour)
+        for rep in range(t.optim.mu):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in chunks:
-                self._policy_loss(rows, mb, old_logp, ref_logp, norm, stats)
+                self._policy_loss(rows, mb, old_logp, ref_logp, norm, stats, gap if rep == 0 else None)
             self._join_others(self.model, len(chunks), backward=True)
             blended = blend is not None and bool(blend.pairs)
             if blended:
@@ -126,11 +132,13 @@ class PolicyUpdate:
         keys = ["loss", "policy_loss"] + (["kl", "clip_low_frac", "clip_high_frac", "entropy"] if len(trained) else [])
         update = self.world.sum_floats(stats, keys + (["sft_loss"] if blend is not None else []))
         update.update(grad_norm=grad_norm, lr=self.lr_schedule.get_last_lr()[0], trained_row_share=len(trained) / step_rows)
+        if rows.behav is not None:
+            update.update(_gap_metrics(gap, stats))
         self.lr_schedule.step()
         return update
 
     def _policy_loss(self, rows: "_Rows", mb: slice, old_logp, ref_logp, norm: "_Normaliser",
-                     stats: dict[str, float]) -> None:
+                     stats: dict[str, float], gap: list | None = None) -> None:
         """One micro-batch's clipped-objective loss, backpropagated with its weight in the step."""
         t = self.settings
         weight, stat_weight = norm.weights(rows.mask[mb])
@@ -139,12 +147,21 @@ class PolicyUpdate:
         with self.autocast():
             logp, entropy = self.logprobs(self.model, rows.seqs[mb, columns], rows.attn[mb, columns],
                                           rows.prompt_width - left, rows.mask[mb, :right], with_entropy=True)
+        # pi_old, the policy at the update's start: computed before the passes when there are several
+        old = old_logp[mb, :right] if old_logp is not None else logp.detach()
+        behav = rows.behav[mb, :right] if rows.behav is not None else None
         out = grpo_loss(
-            logp, old_logp[mb, :right] if old_logp is not None else logp.detach(), rows.adv[mb], rows.mask[mb, :right],
+            logp, old, rows.adv[mb], rows.mask[mb, :right],
             eps_low=t.loss.eps_low, eps_high=t.loss.eps_high, aggregation=t.loss.aggregation, max_tokens=t.sampling.max_new_tokens,
             ref_logp=ref_logp[mb, :right] if ref_logp is not None else None, beta=t.loss.beta,
             entropy=entropy if t.loss.entropy_coef > 0 else entropy.detach(), entropy_coef=t.loss.entropy_coef,
+            behaviour_logp=behav, is_cap=t.loss.behaviour_is_cap,
         )
+        if behav is not None:
+            stats["is_truncated_frac"] += out.is_truncated_frac * stat_weight / t.optim.mu
+            if gap is not None:  # measured once, on the first pass, where pi_old is the policy itself
+                for i, value in enumerate(behaviour_gap(old, behav, rows.mask[mb, :right])):
+                    gap[i] = max(gap[i], value) if i == 2 else gap[i] + value
         (out.loss * weight).backward()
         for key in ("kl", "clip_low_frac", "clip_high_frac", "entropy"):
             stats[key] += getattr(out, key) * stat_weight / t.optim.mu
@@ -207,6 +224,17 @@ class _Rows:
     mask: torch.Tensor  # [B, L] completion tokens that count in the loss
     adv: torch.Tensor  # [B]
     prompt_width: int  # W
+    behav: torch.Tensor | None = None  # [B, L] the sampler's log-probs (async pipeline), else None
+
+
+def _gap_metrics(gap: list, stats: dict[str, float]) -> dict[str, float]:
+    """The step's ``async/*`` metrics: the spread of log(pi_old / pi_behaviour) over the trained
+    tokens, the share of weights that hit the cap, and the share of tokens the clip held."""
+    total, squares, largest, n = gap
+    mean = total / n if n else 0.0
+    return {"async/log_ratio_mean": mean, "async/log_ratio_std": math.sqrt(max(squares / n - mean * mean, 0.0)) if n else 0.0,
+            "async/log_ratio_max": largest, "async/is_truncated_frac": stats.get("is_truncated_frac", 0.0),
+            "async/clip_frac": stats.get("clip_low_frac", 0.0) + stats.get("clip_high_frac", 0.0)}
 
 
 @dataclass
