@@ -110,11 +110,6 @@ class Curriculum:
     def plan(self, step: int) -> Plan:
         return self.scheduler.plan(step)
 
-    def adopt_plan(self, plan: Plan) -> None:
-        """A plan handed out before a checkpoint, for a step not yet recorded (the trainer's async
-        pipeline plans one step ahead): ``plan(plan.step)`` and ``record`` use it again after a resume."""
-        self.scheduler.adopt(plan)
-
     def draw(self, counts: Mapping[tuple[str, int], int], step: int | None = None, rng=None) -> list[Task]:
         """Tasks for each (domain, level) slot; with a training ``step`` the prompt selector picks
         among candidates, and the step's plan says what share of each domain's tasks is hinted
@@ -207,7 +202,8 @@ class Curriculum:
 
     def handed_out(self) -> list[Plan]:
         """Plans handed out and not yet recorded, in step order: a trainer that reads ahead (TRL)
-        checkpoints them with its state and ``reissue``s them when it resumes."""
+        checkpoints them with its state and ``reissue``s them when it resumes; so does the own trainer's
+        async pipeline, which plans one step ahead."""
         return self.scheduler.handed_out()
 
     def reissue(self, plans: Sequence[Plan]) -> None:

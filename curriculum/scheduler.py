@@ -107,11 +107,6 @@ class Scheduler:
                 raise ValueError(f"plan step {plan.step} was made for other domains than this scheduler's")
             self._pending[plan.step] = plan
 
-    def adopt(self, plan: Plan) -> None:
-        """Hand ``plan`` out again for its step: a plan made before a checkpoint and carried in it
-        (the trainer's async pipeline plans a step ahead), so a resumed run records the plan it drew with."""
-        self.reissue([plan])
-
     def _split_levels(self, step: int, per_domain: np.ndarray) -> dict[tuple[str, int], int]:
         """Each domain's prompts over its levels, following the controller's shares.
 

@@ -128,7 +128,7 @@ class RolloutPipeline:
         ahead = state.get("pipeline_ahead")
         if ahead is not None:
             self.ready = ahead
-            curriculum.adopt_plan(ahead.plan)
+            curriculum.reissue([ahead.plan])
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
