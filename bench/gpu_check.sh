@@ -12,10 +12,13 @@
 #   realjob  bench/real_model.py: the real-model preset's steps (eight domains, tool episodes, refills)
 #            at the 358M shape with random weights (SmolLM2's weights do not travel), the phases of a
 #            step, evaluation time and peak memory (no base row: the git history does not travel)
+#   pipeline bench/pipeline.py: the real-model preset's steps at the 358M shape (random weights, as
+#            realjob), sync and then async (trainer.system.pipeline) with sampler and trainer on the
+#            one device: steps per hour, each side's busy share and seconds a step
 #   trl      examples/trl_grpo.py on CUDA: TRL's GRPOTrainer driven by the curriculum, 4 steps of the
 #            tiny model, then the store's per-domain table (needs trl and datasets: gpu_wheels.sh --trl)
 # The machine's image lacks some of Palestra's packages: bench/gpu_wheels.sh prepares them (docs/gpu.md).
-# Usage: bench/gpu_check.sh [trainer] [memory] [sampler] [mainjob] [realjob] [trl] [gpu_check.py options...]
+# Usage: bench/gpu_check.sh [trainer] [memory] [sampler] [mainjob] [realjob] [pipeline] [trl] [gpu_check.py options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -25,7 +28,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 parts=() options=()
 for arg in "$@"; do
-    case $arg in trainer|memory|sampler|mainjob|realjob|trl) parts+=("$arg") ;; *) options+=("$arg") ;; esac
+    case $arg in trainer|memory|sampler|mainjob|realjob|pipeline|trl) parts+=("$arg") ;; *) options+=("$arg") ;; esac
 done
 [ ${#parts[@]} -gt 0 ] || parts=(trainer memory sampler mainjob)
 status=0
@@ -40,6 +43,9 @@ for part in "${parts[@]}"; do
         realjob) timeout 300 "$PY" bench/real_model.py --skip base,bf16,trl --steps 3 --eval-tasks 1 --overrides \
                     "model=tiny model.tiny.hidden_size=896 model.tiny.layers=24 model.tiny.heads=14 model.tiny.kv_heads=2
                      model.tiny.intermediate_size=4864 model.device=cuda" || status=1 ;;
+        pipeline) timeout 420 "$PY" bench/pipeline.py --experiment smollm2 --steps 4 --tasks-per-level 1 --overrides \
+                    model=tiny model.tiny.hidden_size=896 model.tiny.layers=24 model.tiny.heads=14 model.tiny.kv_heads=2 \
+                    model.tiny.intermediate_size=4864 model.device=cuda || status=1 ;;
         trl) out=$(mktemp -d) && timeout 200 "$PY" examples/trl_grpo.py --steps 4 --out "$out" && \
                  "$PY" -m curriculum.cli stats --db "sqlite:///$out/palestra.db" \
                      --run "$("$PY" -m curriculum.cli runs --db "sqlite:///$out/palestra.db" | awk 'NR==2{print $1}')" \

@@ -35,6 +35,11 @@ A checkpoint after step t holds step t+1's rollouts, sampled ahead, and the plan
 for (``state_dict``); a resumed run trains on them and records that plan, so it goes on as the
 uninterrupted run would have (the curriculum's draw state and the RNGs are saved after that draw).
 
+On CUDA the rollout thread queues its kernels on a stream of its own, so the sampler's decoding and
+the update's kernels can run on the one device at once instead of in the order the two threads
+happened to queue them on the shared default stream. The stream waits for the weight copy before it
+samples, and the thread waits for its stream before it hands the rollouts over.
+
 Not supported (rejected by the config): torchrun with several ranks, FSDP, and the captured and
 vLLM samplers (which do not record behaviour log-probs).
 """
@@ -74,6 +79,8 @@ class RolloutPipeline:
         self.ready: Collected | None = None
         self.failed: BaseException | None = None  # raised by the next take(): the step it broke in never started
         self.busy = 0.0  # seconds the rollout thread spent collecting, over the run
+        device = next(self.model.parameters()).device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     @torch.no_grad()
     def sync_weights(self, policy: torch.nn.Module) -> None:
@@ -86,6 +93,8 @@ class RolloutPipeline:
     def start(self, plan: Plan, policy: torch.nn.Module, curriculum) -> None:
         """Sample and verify ``plan``'s step in the background with the policy as it is now."""
         self.sync_weights(policy)
+        if self.stream is not None:  # the copy was queued on the main thread's stream
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
         timer: dict[str, float] = defaultdict(float)
         future = self.executor.submit(self._collect, plan, curriculum, timer)
         self.flight = (plan, future, timer)
@@ -93,7 +102,12 @@ class RolloutPipeline:
     def _collect(self, plan: Plan, curriculum, timer: dict[str, float]) -> StepRollouts:
         start = time.perf_counter()
         try:
-            return self.collector.collect_step(plan, curriculum, timer)
+            if self.stream is None:
+                return self.collector.collect_step(plan, curriculum, timer)
+            with torch.cuda.stream(self.stream):
+                rollouts = self.collector.collect_step(plan, curriculum, timer)
+            self.stream.synchronize()  # nothing of it still queued when the next weight copy comes
+            return rollouts
         finally:
             self.busy += time.perf_counter() - start
 
