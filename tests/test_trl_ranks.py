@@ -1,9 +1,10 @@
 """TRL's GRPOTrainer on two processes with a Palestra curriculum (``trainer.integrations.trl_ranks``).
 
 The first tests need no process group. The last one launches two gloo ranks on the CPU (accelerate
-launch, the tiny model) that play, one after another in the same processes, a run of four steps, the
-same run stopped after step 3 and resumed from its checkpoint-2, and a run over the eight built-in
-domains with tool episodes; meanwhile the test's own process plays the first run in one process.
+launch, the tiny model) that play, one after another in the same processes, a run of four steps with
+held-out evaluation, the same run stopped after step 3 and resumed from its checkpoint-2, and a run
+over the eight built-in domains with tool episodes; meanwhile the test's own process plays the
+first run in one process.
 """
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ def test_two_processes_record_every_group_once_and_plan_as_one_process(tmp_path)
     model = str(build_tiny_model(tmp_path / "tiny", hidden_size=32, layers=1, heads=2, kv_heads=1,
                                  intermediate_size=64))
     # 3 prompts x 4 completions: each rank gets 6 rows, so the second prompt's group straddles the ranks
-    scored = dict(model=model, domains=SCORED, policy="prioritized", prompts=3, group=4, steps=4)
+    # held-out evaluation at steps 2 and 4, on rank 0 (its tasks are kept out of every run's draws)
+    scored = dict(model=model, domains=SCORED, policy="prioritized", prompts=3, group=4, steps=4,
+                  evaluation={"every": 2, "tasks_per_level": 1, "at_start": False})
     # 9 prompts x 2 completions over the eight domains: the fifth group straddles the ranks
     tools = dict(model=model, domains=EIGHT, policy="uniform", prompts=9, group=2, steps=2, rollout=True)
     cut = tmp_path / "cut"
@@ -112,9 +115,10 @@ def test_two_processes_record_every_group_once_and_plan_as_one_process(tmp_path)
     given = {(p["step"], p["domain"]): p["n_prompts"] for p in two_ranks["plans"]}
     assert given.get((1, "by_length")) and not given.get((4, "by_length"))  # they did adapt: solved, it left
     assert two_ranks["status"] == "finished"
+    assert [row["step"] for row in two_ranks["metrics"] if "heldout/macro" in row] == [2, 4]
 
     # stopped after step 3 and resumed from checkpoint-2 on two ranks: the store is the whole run's,
-    # completions included (each rank took its own RNG states back)
+    # completions and held-out evaluations included (each rank took its own RNG states back)
     resumed = _stored(cut)
     for key in ("plans", "vectors", "tasks", "results", "metrics", "status"):
         assert resumed[key] == two_ranks[key], key

@@ -6,7 +6,7 @@ torch and TRL once: on a 2-core machine that start is most of a short run's time
 A run is a dict: ``model`` (a folder), ``out``, ``domains``, ``options``, ``policy``, ``prompts``
 and ``group`` (per generation batch, all processes together), ``steps``, and optionally
 ``stop_after`` (a step after which training stops, as a crash would stop it), ``resume`` (a
-checkpoint folder), ``rollout`` (tool episodes played by test_trl_rollout's scripted sampler).
+checkpoint folder), ``evaluation`` (held-out evaluation settings), ``rollout`` (tool episodes played by test_trl_rollout's scripted sampler).
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def train(run: dict) -> str:
     resume = run.get("resume")
     with TRLCurriculum.build(run["domains"], args, policy={"type": run["policy"]},
                              difficulty={"type": "threshold", "window": 2}, domain_options=run.get("options"),
-                             verifier_workers=1, resume_from_checkpoint=resume) as curriculum:
+                             verifier_workers=1, resume_from_checkpoint=resume,
+                             evaluation=run.get("evaluation")) as curriculum:
         rollout = None
         if run.get("rollout"):
             from test_trl_rollout import ScriptedSampler
