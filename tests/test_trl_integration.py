@@ -147,7 +147,6 @@ def _args(**changes) -> SimpleNamespace:
     ({"shuffle_dataset": True}, "shuffle_dataset=False"),
     ({"remove_unused_columns": True}, "remove_unused_columns=False"),
     ({"max_steps": -1}, "max_steps=N"),
-    ({"world_size": 2}, "one process, not 2"),
 ])
 def test_settings_the_curriculum_cannot_work_under_fail_in_one_line(changes, message):
     with pytest.raises(ValueError, match=message) as info:

@@ -239,13 +239,24 @@ class SharedCurriculum:
 
     def plan(self, step: int):
         plan = self.world.broadcast(self.inner.plan(step) if self.inner is not None else None)
-        self._plans = {step: plan}
+        # kept until the step is recorded: a trainer may plan ahead of what it records (TRL's data
+        # loader reads the next generation batch before it scores this one)
+        self._plans[step] = plan
         return plan
 
     def draw(self, counts: dict, **kwargs: Any) -> list:
         return self.world.broadcast(self.inner.draw(counts, **kwargs) if self.inner is not None else None)
 
+    def reissue(self, plans: list) -> None:
+        """Plans handed out before a resume, handed out again as they were (and recorded later)."""
+        if self.inner is not None:
+            self.inner.reissue(plans)
+        self._plans.update((plan.step, plan) for plan in plans)
+
     def record(self, step: int, groups: list, metrics: dict) -> dict:
+        plan = self._plans.pop(step, None)
         if self.inner is not None:
             return self.inner.record(step, groups, metrics)
-        return {**metrics, **plan_metrics(self._plans[step], groups)}
+        if plan is None:
+            raise ValueError(f"plan step {step} is recorded but was not planned on this rank")
+        return {**metrics, **plan_metrics(plan, groups)}

@@ -11,10 +11,11 @@ from curriculum.steps import Group
 from curriculum.types import rewards_agree
 from domains.api import Task
 from domains.verify.pool import Verdict
+from trainer.distributed import SharedCurriculum
 from trainer.update.losses import group_advantages
 
 
-def record_step(curriculum: Curriculum, step: int, tasks: Sequence[Task],
+def record_step(curriculum: Curriculum | SharedCurriculum, step: int, tasks: Sequence[Task],
                 scored: Sequence[Sequence[tuple[str, Verdict]]], advantage_std: str,
                 extra: dict[str, Any] | None = None) -> None:
     """Record plan step ``step``: task p's completions ``scored[p]`` as (text, verdict), with the

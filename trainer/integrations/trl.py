@@ -46,7 +46,8 @@ Where this departs from Palestra's own trainer, and why:
   is deterministic, as on the CPU, its completions); it needs ``ignore_data_skip=True`` (TRL
   would otherwise skip fresh plans of the live stream) and checkpoints between generation batches;
 - no prompt selection or dynamic sampling here;
-- one process only: several ranks would each run a scheduler and write the same steps.
+- on several processes (``accelerate launch``) rank 0 plans, draws and records, every rank verifies
+  its own completions and learns every verdict (``trainer.integrations.trl_ranks``).
 
 Nothing here imports ``trl``: the module reads TRL's settings from the config object it is given,
 and imports ``datasets`` only when ``dataset()`` is called. Written against TRL 1.16, which takes an
@@ -55,7 +56,6 @@ per-domain TRL logs are skipped; the store gets everything either way).
 """
 from __future__ import annotations
 
-import math
 import threading
 import weakref
 from collections import defaultdict
@@ -71,47 +71,16 @@ from domains.api import FAILURE_STATUSES, Domain, Task
 from domains.verify.backend import VerifierConfig, make_pool
 from domains.verify.pool import Verdict, VerifierPool
 from domains.registry import load_all
-from trainer.integrations import trl_checkpoint, trl_settings
+from trainer.distributed import SharedCurriculum, World
+from trainer.integrations import trl_checkpoint, trl_ranks, trl_settings
 from trainer.integrations.recording import record_step
+from trainer.integrations.trl_settings import BatchShape, trl_batch_shape  # noqa: F401 (part of this module's API)
 from trainer.integrations.trl_callback import CurriculumCallback
 from trainer.integrations.trl_evaluation import EvaluationConfig, TRLEvaluation, evaluation_config
 from trainer.integrations.trl_rollout import PalestraRollout
 
 ADVANTAGE_STD_MODES = ("group", "batch", "none")
 _LIVE: "weakref.WeakValueDictionary[str, TRLCurriculum]" = weakref.WeakValueDictionary()
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """What the curriculum must know of TRL's batching."""
-
-    prompts_per_step: int  # distinct prompts per generation batch = one plan
-    group_size: int  # completions per prompt (num_generations)
-    max_open_steps: int  # plans TRL may read before it scores the first of them
-
-
-def trl_batch_shape(args: Any) -> BatchShape:
-    """The batch shape of a ``GRPOConfig``, or a one-line ValueError for settings the curriculum
-    cannot work under."""
-    if getattr(args, "shuffle_dataset", False):
-        raise ValueError("set GRPOConfig(shuffle_dataset=False): TRL's shuffle buffer reads ~1000 rows ahead, "
-                         "so the curriculum's plans could not adapt")
-    if getattr(args, "remove_unused_columns", False):
-        raise ValueError("set GRPOConfig(remove_unused_columns=False): palestra_reward needs the "
-                         "palestra_step and palestra_group columns")
-    if getattr(args, "world_size", 1) > 1:
-        raise ValueError(f"the TRL curriculum runs in one process, not {args.world_size}: several ranks would each "
-                         "plan and record the same steps")
-    if not getattr(args, "max_steps", 0) or args.max_steps <= 0:
-        raise ValueError("set GRPOConfig(max_steps=N): the curriculum's dataset is an endless stream")
-    group, batch = int(args.num_generations), int(args.generation_batch_size)
-    if batch % group:
-        raise ValueError(f"generation_batch_size {batch} is not a multiple of num_generations {group}")
-    # One optimizer step reads gradient_accumulation_steps batches before it trains; a plan lasts
-    # steps_per_generation × num_iterations of them; the data loader reads one more ahead.
-    reuse = max(1, int(args.steps_per_generation) * int(getattr(args, "num_iterations", 1)))
-    ahead = math.ceil(int(args.gradient_accumulation_steps) / reuse) + 2
-    return BatchShape(batch // group, group, ahead)
 
 
 def completion_text(completion: Any) -> str:
@@ -155,21 +124,25 @@ class TRLCurriculum:
     """The prompt source, the reward function and the callback that connect TRL to a Curriculum.
 
     ``build`` makes one from names and plain settings; the constructor takes loaded domains, typed
-    configs and an open store (which the caller keeps owning unless ``owns_store``).
+    configs and an open store (which the caller keeps owning unless ``owns_store``). On several
+    processes (``world``) only rank 0 is given the store; the others pass None (``trl_ranks``).
     """
 
     def __init__(self, domains: dict[str, Domain], shape: BatchShape, policy: PolicyConfig,
-                 difficulty: DifficultyConfig, store: StatsStore, *, seed: int = 0, run_name: str = "trl",
+                 difficulty: DifficultyConfig, store: StatsStore | None, *, seed: int = 0, run_name: str = "trl",
                  run_config: dict | None = None, verifier_workers: int | None = None,
                  verifier: VerifierConfig | None = None, advantage_std: str = "group",
                  owns_store: bool = False, evaluation: TRLEvaluation | None = None,
-                 resume: dict | None = None) -> None:
+                 resume: dict | None = None, world: World = World()) -> None:
         _check_settings(domains, advantage_std)
+        if world.is_main != (store is not None):
+            raise ValueError("rank 0, and only rank 0, opens the store")
         verifier = trl_settings.verifier_config(verifier, verifier_workers)
         if resume is not None:
-            trl_checkpoint.check_stored(store, resume["run_id"])
+            if world.is_main:
+                trl_checkpoint.check_stored(store, resume["run_id"])
             seed = int(resume["seed"])  # a resumed run keeps the seed it started with
-        self.domains, self.shape, self.advantage_std = domains, shape, advantage_std
+        self.domains, self.shape, self.advantage_std, self.world = domains, shape, advantage_std, world
         self.store, self._owns_store, self.evaluation = store, owns_store, evaluation
         config = {"integration": "trl", "domains": sorted(domains), "policy": policy.model_dump(),
                   "difficulty": difficulty.model_dump(), "prompts_per_step": shape.prompts_per_step,
@@ -182,12 +155,16 @@ class TRLCurriculum:
                         prompts_per_step=shape.prompts_per_step,
                         heldout_ids=evaluation.heldout_ids if evaluation is not None else ())
         try:
-            self.curriculum = (Curriculum.start(store, run_name, config, **settings) if resume is None
-                               else trl_checkpoint.reopen(store, resume, settings))
+            # the Curriculum itself lives on rank 0; every rank plans and draws through the shared one
+            self.curriculum: Curriculum | None = None
+            if world.is_main:
+                self.curriculum = (Curriculum.start(store, run_name, config, **settings) if resume is None
+                                   else trl_checkpoint.reopen(store, resume, settings))
+            self.shared = SharedCurriculum(world, self.curriculum)
+            self.run_id: str = world.broadcast(self.curriculum.run_id if world.is_main else None)
         except BaseException:
             self.pool.close()
             raise
-        self.run_id = self.curriculum.run_id
         self._open: dict[int, _OpenStep] = {}
         self._next_step = 1
         self._reissue: list[tuple[int, Plan, list[Task]]] = []  # read before the checkpoint, never scored
@@ -221,6 +198,7 @@ class TRLCurriculum:
         ``resume_from_checkpoint`` (a ``checkpoint-N`` folder, or True for the newest in
         ``args.output_dir``) goes on with the run saved there, as ``trainer.train`` is given it."""
         shape = trl_batch_shape(args)  # cheap checks first: nothing is started if a setting is wrong
+        world = trl_ranks.world_of(args)
         curriculum = trl_settings.curriculum_config(policy, difficulty)
         verifier = trl_settings.verifier_config(verifier, verifier_workers)
         evaluation = evaluation_config(evaluation) if evaluation is not None else None
@@ -230,7 +208,7 @@ class TRLCurriculum:
         _check_settings(loaded, advantage_std)
         seed = int(args.seed if seed is None else seed)
         heldout = TRLEvaluation(loaded, evaluation, args.max_completion_length) if evaluation is not None else None
-        store = StatsStore(store_url or trl_settings.default_store_url(args.output_dir))
+        store = StatsStore(store_url or trl_settings.default_store_url(args.output_dir)) if world.is_main else None
         try:
             return cls(loaded, shape, curriculum.policy, curriculum.difficulty, store, seed=seed, run_name=run_name,
                        run_config={"trl": trl_settings.run_settings(args),
@@ -238,9 +216,10 @@ class TRLCurriculum:
                                    "domain_options": domain_options or {},  # can load them
                                    "evaluation": evaluation.model_dump() if evaluation is not None else None},
                        verifier_workers=verifier_workers, verifier=verifier, advantage_std=advantage_std,
-                       owns_store=True, evaluation=heldout, resume=resume)
+                       owns_store=True, evaluation=heldout, resume=resume, world=world)
         except BaseException:
-            store.close()
+            if store is not None:
+                store.close()
             raise
 
     # -- what TRL is given ----------------------------------------------------------------------
@@ -280,8 +259,10 @@ class TRLCurriculum:
             _refuse_episodes(tasks, self.domains)
         verdicts = self.pool.verify_many(list(zip(tasks, texts)))
         self.pool.raise_if_broken()
+        # every rank's verdicts, in the order one process would have scored them (trl_ranks)
+        scored = trl_ranks.gather_in_rank_order(self.world, list(zip(keys, texts, verdicts)))
         with self._lock:
-            for (step, group), text, verdict in zip(keys, texts, verdicts):
+            for (step, group), text, verdict in scored:
                 self._open[step].add(step, group, text, verdict, self.shape.group_size)
             recorded = self._record_closed(getattr(trainer_state, "global_step", None))
         if log_metric is not None:
@@ -320,6 +301,8 @@ class TRLCurriculum:
         plan step (0 before any), where ``palestra report`` and ``compare`` read it."""
         if self.evaluation is None:
             raise ValueError("this curriculum was built without evaluation={...}")
+        if not self.world.is_main:
+            raise ValueError("the held-out evaluation runs on rank 0, which holds the store")
         metrics = self.evaluation.run(model, tokenizer, self.pool, global_step, keep=keep)
         with self._lock:
             step = self.curriculum.scheduler.last_step or 0
@@ -339,8 +322,8 @@ class TRLCurriculum:
             else:
                 step = self._next_step
                 self._next_step += 1
-                plan = self.curriculum.plan(step)
-                tasks = self.curriculum.draw(plan.counts)
+                plan = self.shared.plan(step)  # rank 0's plan and tasks, on every rank
+                tasks = self.shared.draw(plan.counts)
             self._open[step] = _OpenStep(plan, tasks, [[] for _ in tasks])
         return step, tasks
 
@@ -369,8 +352,8 @@ class TRLCurriculum:
     def _record(self, step: int, open_step: _OpenStep, global_step: int | None) -> None:
         groups = open_step.full_groups(self.shape.group_size)
         extra = {"trl/global_step": int(global_step)} if global_step is not None else None
-        record_step(self.curriculum, step, [open_step.tasks[p] for p in groups], [open_step.scored[p] for p in groups],
-                    self.advantage_std, extra)
+        record_step(self.shared, step, [open_step.tasks[p] for p in groups], [open_step.scored[p] for p in groups],
+                    self.advantage_std, extra)  # written by rank 0 alone
         self.recorded_steps.append(step)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -386,7 +369,10 @@ class TRLCurriculum:
     def state_dict(self) -> dict:
         """What a checkpoint holds of the curriculum (``trl_checkpoint``): the Curriculum's state,
         and the steps handed out and not yet scored, which a resume hands out again: TRL's loader
-        read them before the save, so the run that goes on from it never trains on them otherwise."""
+        read them before the save, so the run that goes on from it never trains on them otherwise.
+        Rank 0's (which holds the Curriculum): every rank holds the same steps handed out."""
+        if self.curriculum is None:
+            raise ValueError("the curriculum's state is saved by rank 0, which holds it")
         with self._lock:
             plans = {plan.step: plan for plan in self.curriculum.handed_out()}
             handed = [(step, plans[step], list(o.tasks)) for step, o in sorted(self._open.items())] + self._reissue
@@ -401,8 +387,10 @@ class TRLCurriculum:
         # Steps with verdicts at the save were being trained on across it, which the callback
         # refuses (checkpoints fall between generation batches): each goes out again whole.
         self._reissue = [(step, plan, list(tasks)) for step, plan, tasks in resume["handed_out"]]
+        self.shared.reissue([plan for _, plan, _ in self._reissue])
         self._next_step = int(resume["next_step"])
-        self.resumed_at, self._resumed_rng = int(resume["global_step"]), resume["rng"]
+        self.resumed_at = int(resume["global_step"])
+        self._resumed_rng = trl_ranks.own_rng_states(self.world, resume)
         if self.evaluation is not None and resume.get("evaluation"):
             self.evaluation.load_state_dict(resume["evaluation"])
 
@@ -415,7 +403,8 @@ class TRLCurriculum:
         """Record the full groups of steps still open, drop the rest, and wait for the store."""
         with self._lock:
             self._record_closed(None, everything=True)
-        self.curriculum.flush()
+        if self.curriculum is not None:
+            self.curriculum.flush()
 
     def close(self, status: str = "finished") -> None:
         if self._closed:
@@ -426,9 +415,10 @@ class TRLCurriculum:
             self._closed = True
             self.pool.close()
             try:
-                self.curriculum.finish(status)  # a failed write marks the run failed and is raised
+                if self.curriculum is not None:  # rank 0
+                    self.curriculum.finish(status)  # a failed write marks the run failed and is raised
             finally:
-                if self._owns_store:
+                if self._owns_store and self.store is not None:
                     self.store.close()
 
     def __enter__(self) -> "TRLCurriculum":

@@ -3,7 +3,8 @@
 - ``on_train_begin``: TRL batches as the curriculum was built for; a resumed trainer resumed at
   the checkpoint the curriculum was restored from; checkpoints fall between generation batches;
   the held-out evaluation before the first step (``evaluation.at_start``);
-- ``on_save``: the curriculum's state into the checkpoint folder (``trl_checkpoint``);
+- ``on_save``: the curriculum's state into the checkpoint folder (``trl_checkpoint``), with every
+  rank's RNG states (``trl_ranks``);
 - ``on_step_begin``: on the first step after a resume, the RNG states of the checkpoint (why: below);
 - ``on_step_end``: the held-out evaluation every ``evaluation.every`` steps and at the last one,
   into TRL's logs and the store (``trl_evaluation``);
@@ -18,7 +19,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainer.integrations import trl_checkpoint
+from trainer.integrations import trl_checkpoint, trl_ranks
 from trainer.integrations.trl_evaluation import log_to_trainer
 from trainer.recipe.checkpoint import capture_rng, restore_rng
 
@@ -59,9 +60,12 @@ class CurriculumCallback(TrainerCallback):
                              f"step {state.global_step}: pass the same resume_from_checkpoint to trainer.train()")
 
     def on_save(self, args, state, control, **kwargs):
-        folder = trl_checkpoint.checkpoint_folder(args, state.global_step)
-        trl_checkpoint.save(folder, {**self.curriculum.state_dict(), "global_step": state.global_step,
-                                     "rng": capture_rng()})
+        world = self.curriculum.world
+        rng = trl_ranks.rank_rng_states(world, capture_rng())  # every rank's, each resumes with its own
+        if world.is_main:  # which holds the Curriculum, and whose file every rank reads on resume
+            folder = trl_checkpoint.checkpoint_folder(args, state.global_step)
+            trl_checkpoint.save(folder, {**self.curriculum.state_dict(), "global_step": state.global_step,
+                                         "rng": rng[0], "rank_rng": rng})
 
     def on_step_begin(self, args, state, control, **kwargs):
         # TRL restores its RNG states (Trainer._load_rng_state) before it starts the data loader,
@@ -86,5 +90,7 @@ class CurriculumCallback(TrainerCallback):
         self.curriculum.finish()
 
     def _evaluate(self, global_step: int, kwargs: dict, keep: str | None) -> None:
+        if not self.curriculum.world.is_main:  # rank 0 evaluates and stores (trl_ranks)
+            return
         metrics = self.curriculum.evaluate(kwargs["model"], kwargs["processing_class"], global_step, keep=keep)
         log_to_trainer(self.trainer, metrics)

@@ -103,12 +103,11 @@ def check_stored(store: StatsStore, run_id: str) -> None:
 
 
 def reopen(store: StatsStore, resume: dict, settings: dict) -> Curriculum:
-    """The checkpointed run again: its steps after the checkpoint go (they are redone), its
-    handed-out plans are handed out again."""
+    """The checkpointed run again: its steps after the checkpoint go (they are redone); the
+    ``TRLCurriculum`` hands its handed-out plans out again (``SharedCurriculum.reissue``)."""
     run_id = resume["run_id"]
     try:
         curriculum = Curriculum.reopen(store, run_id, resume["curriculum"], **settings)
-        curriculum.reissue([plan for _, plan, _ in resume["handed_out"]])
     except BaseException:
         mark_run(store, run_id, "failed")  # reopen marked it running
         raise

@@ -29,7 +29,9 @@ function must not repeat them again), and takes one completion per prompt row, i
 
 Which plan step a batch is: the rows' ``palestra_step`` column does not reach a rollout function, so
 it is the earliest step handed out and not yet sampled whose prompts, repeated ``num_generations``
-times, are the batch's (TRL reads its batches in order).
+times, are the batch's (TRL reads its batches in order). On several processes each rank is called
+with its contiguous slice of the generation batch (``trl_ranks``): the rank's index and the slice's
+length say where the slice starts, and the rank plays those rows only (a group may straddle two ranks).
 
 Settings: TRL's ``temperature`` and ``top_p``; ``max_completion_length`` is the token budget of a
 completion or of one assistant turn (a domain's own ``max_new_tokens`` first, as in Palestra's
@@ -78,39 +80,49 @@ class PalestraRollout:
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         check_trainer(trainer)
-        step, tasks = self._plan_step(prompts)
+        accelerator = trainer.accelerator
+        rank, processes = getattr(accelerator, "process_index", 0), getattr(accelerator, "num_processes", 1)
+        step, rows = self._plan_step(prompts, rank, processes)
         model = trainer.accelerator.unwrap_model(trainer.model)
         training = model.training
         model.eval()
         try:
             with torch.no_grad(), trainer.accelerator.autocast():
-                rows = self._play(model, trainer.processing_class, trainer.args, step, tasks)
+                played = self._play(model, trainer.processing_class, trainer.args, step, rows, rank * len(prompts))
         finally:
             model.train(training)
-        return {key: [row[key] for row in rows] for key in FIELDS}
+        return {key: [row[key] for row in played] for key in FIELDS}
 
-    def _plan_step(self, prompts: list) -> tuple[int, list[Task]]:
+    def _plan_step(self, prompts: list, rank: int, processes: int) -> tuple[int, list[Task]]:
+        """The plan step whose rows (each task repeated ``num_generations`` times) are ``prompts``
+        on ``rank``'s share (one of ``processes`` equal contiguous slices), and the task of each row."""
         handed_out = self.handed_out()
         self._sampled &= {step for step, _ in handed_out}  # recorded steps come back no more
+        n = len(prompts)
         for step, tasks in handed_out:
-            if step not in self._sampled and [t.prompt for t in tasks for _ in range(self.group_size)] == prompts:
+            rows = [task for task in tasks for _ in range(self.group_size)]
+            share = rows[rank * n:(rank + 1) * n]
+            if step not in self._sampled and len(rows) == n * processes and [t.prompt for t in share] == prompts:
                 self._sampled.add(step)
-                return step, tasks
+                return step, share
         raise ValueError(f"rollout_func got {len(prompts)} prompts that are no plan step this curriculum handed out, "
                          f"each repeated num_generations={self.group_size} times: it plays curriculum.dataset()'s "
                          "batches only (not TRL's evaluation)")
 
-    def _play(self, model: torch.nn.Module, tokenizer, args: Any, step: int, tasks: list[Task]) -> list[dict]:
-        """TRL's fields for every row (task p's G rows at p*G ... p*G+G-1), sampled in batches of
-        one rollout kind as Palestra's trainer samples them."""
+    def _play(self, model: torch.nn.Module, tokenizer, args: Any, step: int, rows: list[Task],
+              offset: int) -> list[dict]:
+        """TRL's fields for every row (``rows[i]`` is the task of the step's row ``offset + i``),
+        sampled in batches of one rollout kind as Palestra's trainer samples them."""
         G, device = self.group_size, next(model.parameters()).device
-        order = kind_order(tasks, self.domains)
-        rows: list[dict] = [{} for _ in range(len(tasks) * G)]
-        chunks = generation_chunks([tasks[p] for p in order], max(1, self.rollout_batch_size // G), self.domains)
+        order = kind_order(rows, self.domains)
+        played: list[dict] = [{} for _ in rows]
+        # batches of whole groups where the rows are whole groups (one process), as Palestra's trainer batches
+        chunks = generation_chunks([rows[i] for i in order], max(1, self.rollout_batch_size // G) * G, self.domains)
         for first, chunk in chunks:
-            noise = torch.Generator(device=device).manual_seed(chunk_seed(int(args.seed), step, 0, first))
+            # seeded by where the batch sits in the step, so two ranks' batches draw different noise
+            noise = torch.Generator(device=device).manual_seed(chunk_seed(int(args.seed), step, 0, offset + first))
             rollout, texts = sample_rows(
-                model, tokenizer, [task for task in chunk for _ in range(G)], self.domains,
+                model, tokenizer, chunk, self.domains,
                 max_new_tokens=args.max_completion_length, max_episode_tokens=self.max_episode_tokens,
                 temperature=args.temperature, top_p=args.top_p, generator=noise, sampler=self.sampler,
                 keep_cache=self.keep_cache)
@@ -118,8 +130,8 @@ class PalestraRollout:
                                          rollout.prompt_width, temperature=args.temperature)
             episodes = self.domains[chunk[0].domain].multi_turn
             for j, row in enumerate(trl_rows(rollout, logps, texts, episodes)):
-                rows[order[first + j // G] * G + j % G] = row
-        return rows
+                played[order[first + j]] = row
+        return played
 
 
 def trl_rows(rollout: Rollout, logprobs: torch.Tensor, texts: list[str], episodes: bool) -> list[dict]:

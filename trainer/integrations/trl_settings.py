@@ -2,6 +2,8 @@
 is one line naming its key), and what a TRL run stores of TRL's own."""
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -54,3 +56,34 @@ def run_settings(args: Any) -> dict:
         except PackageNotFoundError:
             pass
     return settings
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What the curriculum must know of TRL's batching."""
+
+    prompts_per_step: int  # distinct prompts per generation batch = one plan
+    group_size: int  # completions per prompt (num_generations)
+    max_open_steps: int  # plans TRL may read before it scores the first of them
+
+
+def trl_batch_shape(args: Any) -> BatchShape:
+    """The batch shape of a ``GRPOConfig``, or a one-line ValueError for settings the curriculum
+    cannot work under."""
+    if getattr(args, "shuffle_dataset", False):
+        raise ValueError("set GRPOConfig(shuffle_dataset=False): TRL's shuffle buffer reads ~1000 rows ahead, "
+                         "so the curriculum's plans could not adapt")
+    if getattr(args, "remove_unused_columns", False):
+        raise ValueError("set GRPOConfig(remove_unused_columns=False): palestra_reward needs the "
+                         "palestra_step and palestra_group columns")
+    if not getattr(args, "max_steps", 0) or args.max_steps <= 0:
+        raise ValueError("set GRPOConfig(max_steps=N): the curriculum's dataset is an endless stream")
+    # generation_batch_size counts every rank's rows: one plan is the batch of all the processes
+    group, batch = int(args.num_generations), int(args.generation_batch_size)
+    if batch % group:
+        raise ValueError(f"generation_batch_size {batch} is not a multiple of num_generations {group}")
+    # One optimizer step reads gradient_accumulation_steps batches before it trains; a plan lasts
+    # steps_per_generation × num_iterations of them; the data loader reads one more ahead.
+    reuse = max(1, int(args.steps_per_generation) * int(getattr(args, "num_iterations", 1)))
+    ahead = math.ceil(int(args.gradient_accumulation_steps) / reuse) + 2
+    return BatchShape(batch // group, group, ahead)
