@@ -1,8 +1,10 @@
-"""The same tiny job with trainer.system.pipeline=sync and =async, one after the other in one
-process: GRPO steps per hour, the busy share of each side and held-out success after GRPO.
+"""The same job with trainer.system.pipeline=sync and =async, one after the other in one process:
+GRPO steps per hour, the busy share of each side and held-out success after GRPO.
 
-Both runs are the main job's settings (conf/), shortened by ``--sft-steps`` and ``--steps``, with the
-same seed, so they start from the same warm start and differ only in the pipeline. The update side
+Both runs are the main job's settings (conf/) or a preset's (``--experiment``), shortened by
+``--sft-steps`` and ``--steps``, with the same seed, so they start from the same warm start and
+differ only in the pipeline; ``--seeds`` repeats the pair for each seed and gives a paired t
+interval of the held-out difference. The update side
 is busy for ``time/train`` of each step; the rollout side for ``time/generate`` + ``time/verify_wait``
 (under async, on the rollout thread, overlapping the update); shares are of the GRPO steps' wall
 time (``time/step``, evaluations left out). The last line compares the two.
@@ -11,7 +13,8 @@ Each side's mean seconds a step (``generate_s``, ``update_s``, ``rollout_wait_s`
 goes: under async the two sides share the cores while they overlap, so each runs slower than alone.
 
     .venv/bin/python bench/pipeline.py [--steps 10] [--sft-steps 100] [--tasks-per-level 4]
-    .venv/bin/python bench/pipeline.py --seeds 0 1 2 --overrides model=hf model.name_or_path=<run>/sft-model sft.steps=0
+    .venv/bin/python bench/pipeline.py --steps 0 --sft-steps 0 --tasks-per-level 16 --seeds 0 1 2 \
+        --overrides model=hf model.name_or_path=<run>/sft-model   # the main job from one saved warm start
     .venv/bin/python bench/pipeline.py --experiment smollm2 --steps 4 --tasks-per-level 1   # the real-model preset
 """
 from __future__ import annotations
@@ -41,10 +44,10 @@ def mean(values) -> float:
 
 def one_run(pipeline: str, workdir: Path, args: argparse.Namespace, seed: int) -> dict:
     overrides = [f"+experiment={args.experiment}"] if args.experiment else []
-    overrides += [f"trainer.system.pipeline={pipeline}", f"trainer.steps={args.steps}",
-                  f"eval.tasks_per_level={args.tasks_per_level}", "checkpoint.every=0", f"seed={seed}",
+    overrides += [f"trainer.system.pipeline={pipeline}", f"eval.tasks_per_level={args.tasks_per_level}",
+                  "checkpoint.every=0", f"seed={seed}",
                   f"output_dir={workdir / pipeline}", f"name=bench-{pipeline}"]
-    overrides += args.overrides
+    overrides += args.overrides + ([f"trainer.steps={args.steps}"] if args.steps else [])
     if not args.experiment:  # the main job, with a shorter warm start; a preset keeps its own
         overrides.append(f"sft.steps={args.sft_steps}")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -65,7 +68,7 @@ def one_run(pipeline: str, workdir: Path, args: argparse.Namespace, seed: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="GRPO steps (0: the job's own)")
     parser.add_argument("--sft-steps", type=int, default=100, help="the main job's warm start (a preset keeps its own)")
     parser.add_argument("--experiment", default=None, help="a preset under conf/experiment, e.g. smollm2")
     parser.add_argument("--tasks-per-level", type=int, default=4)

@@ -279,8 +279,8 @@ def test_domains_survive_pickling_for_spawned_workers(chain_sum):
 
 
 # -- training -----------------------------------------------------------------------------------------
+@pytest.mark.slow  # 61 s on a 2-core AVX2 machine (2026-12-05), most of it the held-out evaluation of 105 domains
 def test_training_runs_on_every_reasoning_gym_domain(tmp_path):
-    # about 25 s on a loaded 2-core machine, most of it the held-out evaluation of 105 domains
     from curriculum.store import StatsStore
     from trainer.app import run
 
