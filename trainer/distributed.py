@@ -83,6 +83,11 @@ class World:
         dist.all_gather_object(out, obj)
         return out
 
+    def gather_lists(self, items: list[T]) -> list[T]:
+        """Every rank's ``items`` joined in rank order, on every rank: each rank's share of a batch
+        back in the batch's order."""
+        return [item for share in self.gather(items) for item in share]
+
     def any(self, flag: bool) -> bool:
         """True on every rank if it is true on any (e.g. a stop signal reached one rank)."""
         return flag if self.size == 1 else bool(self.most(int(flag)))

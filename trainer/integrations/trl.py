@@ -260,7 +260,7 @@ class TRLCurriculum:
         verdicts = self.pool.verify_many(list(zip(tasks, texts)))
         self.pool.raise_if_broken()
         # every rank's verdicts, in the order one process would have scored them (trl_ranks)
-        scored = trl_ranks.gather_in_rank_order(self.world, list(zip(keys, texts, verdicts)))
+        scored = self.world.gather_lists(list(zip(keys, texts, verdicts)))
         with self._lock:
             for (step, group), text, verdict in scored:
                 self._open[step].add(step, group, text, verdict, self.shape.group_size)

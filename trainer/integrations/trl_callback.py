@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainer.integrations import trl_checkpoint, trl_ranks
+from trainer.integrations import trl_checkpoint
 from trainer.integrations.trl_evaluation import log_to_trainer
 from trainer.recipe.checkpoint import capture_rng, restore_rng
 
@@ -61,7 +61,7 @@ class CurriculumCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         world = self.curriculum.world
-        rng = trl_ranks.rank_rng_states(world, capture_rng())  # every rank's, each resumes with its own
+        rng = world.gather(capture_rng())  # every rank's, in rank order: each resumes with its own
         if world.is_main:  # which holds the Curriculum, and whose file every rank reads on resume
             folder = trl_checkpoint.checkpoint_folder(args, state.global_step)
             trl_checkpoint.save(folder, {**self.curriculum.state_dict(), "global_step": state.global_step,

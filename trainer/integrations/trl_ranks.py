@@ -46,16 +46,6 @@ def world_of(args: Any) -> World:
     return World(rank=int(args.process_index), size=size, local_rank=int(args.local_process_index))
 
 
-def gather_in_rank_order(world: World, items: list) -> list:
-    """Every rank's ``items``, concatenated in rank order, on every rank."""
-    return [item for share in world.gather(items) for item in share]
-
-
-def rank_rng_states(world: World, own: dict) -> list[dict]:
-    """Every rank's RNG states, in rank order (on every rank): what rank 0 saves in a checkpoint."""
-    return world.gather(own)
-
-
 def own_rng_states(world: World, saved: dict) -> dict:
     """This rank's RNG states from a checkpoint's curriculum file, or a one-line error when the
     checkpoint was saved by another number of processes."""

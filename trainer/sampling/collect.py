@@ -126,7 +126,7 @@ class RolloutCollector:
         parts = [StepBatch(chunk, t.group_size, rollout, texts, [f.result() for f in futures])
                  for chunk, rollout, texts, futures in sampled]
         self.pool.raise_if_broken()  # before a batch of error verdicts reaches the model or the store
-        parts = [part for share in self.world.gather(parts) for part in share]  # rank order = task order
+        parts = self.world.gather_lists(parts)  # rank order = task order
         timer["verify_wait"] += time.perf_counter() - start  # with several ranks: until every share is in
         return concat(parts, self.tokenizer.pad_token_id)
 
