@@ -17,8 +17,11 @@
 #            one device: steps per hour, each side's busy share and seconds a step
 #   trl      examples/trl_grpo.py on CUDA: TRL's GRPOTrainer driven by the curriculum, 4 steps of the
 #            tiny model, then the store's per-domain table (needs trl and datasets: gpu_wheels.sh --trl)
+#   verl     scripts/verl/run_grpo.sh on this one GPU: 3 steps of verl 0.7.1's GRPO on a fresh tiny model,
+#            then the store's per-domain table. verl 0.7.1 rolls out only through vLLM, SGLang or
+#            TensorRT-LLM, so without vLLM the part says so in one line and fails (never run yet)
 # The machine's image lacks some of Palestra's packages: bench/gpu_wheels.sh prepares them (docs/gpu.md).
-# Usage: bench/gpu_check.sh [trainer] [memory] [sampler] [mainjob] [realjob] [pipeline] [trl] [gpu_check.py options...]
+# Usage: bench/gpu_check.sh [trainer] [memory] [sampler] [mainjob] [realjob] [pipeline] [trl] [verl] [gpu_check.py options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -28,7 +31,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 parts=() options=()
 for arg in "$@"; do
-    case $arg in trainer|memory|sampler|mainjob|realjob|pipeline|trl) parts+=("$arg") ;; *) options+=("$arg") ;; esac
+    case $arg in trainer|memory|sampler|mainjob|realjob|pipeline|trl|verl) parts+=("$arg") ;; *) options+=("$arg") ;; esac
 done
 [ ${#parts[@]} -gt 0 ] || parts=(trainer memory sampler mainjob)
 status=0
@@ -50,6 +53,20 @@ for part in "${parts[@]}"; do
                  "$PY" -m curriculum.cli stats --db "sqlite:///$out/palestra.db" \
                      --run "$("$PY" -m curriculum.cli runs --db "sqlite:///$out/palestra.db" | awk 'NR==2{print $1}')" \
                  || status=1 ;;
+        verl) if ! "$PY" -c "import vllm" 2>/dev/null; then
+                  echo "verl: vLLM is not installed for $PY; verl 0.7.1 needs it (or SGLang) to roll out" >&2; status=1
+              else
+                  out=$(mktemp -d)
+                  "$PY" -c "from trainer.models.tiny_model import build_tiny_model as b; b('$out/model', max_positions=1024)"
+                  OUT="$out" timeout 420 bash scripts/verl/run_grpo.sh actor_rollout_ref.model.path="$out/model" \
+                      trainer.n_gpus_per_node=1 data.palestra.steps=3 data.train_batch_size=16 \
+                      actor_rollout_ref.actor.ppo_mini_batch_size=16 data.max_prompt_length=256 \
+                      data.max_response_length=64 actor_rollout_ref.rollout.gpu_memory_utilization=0.3 \
+                      trainer.save_freq=-1 trainer.test_freq=-1 trainer.val_before_train=false && \
+                  "$PY" -m curriculum.cli stats --db "sqlite:///$out/palestra.db" \
+                      --run "$("$PY" -m curriculum.cli runs --db "sqlite:///$out/palestra.db" | awk 'NR==2{print $1}')" \
+                  || status=1
+              fi ;;
     esac
 done
 exit $status
