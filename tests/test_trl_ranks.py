@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from curriculum.cli import main as cli
 from curriculum.store import StatsStore
 from domains.api import Task
 from domains.registry import load_all
@@ -122,6 +123,14 @@ def test_two_processes_record_every_group_once_and_plan_as_one_process(tmp_path)
     resumed = _stored(cut)
     for key in ("plans", "vectors", "tasks", "results", "metrics", "status"):
         assert resumed[key] == two_ranks[key], key
+
+    # the CLI reads a two-rank store as any other run's: the per-domain table and the report page
+    url = f"sqlite:///{tmp_path / 'two' / 'palestra.db'}"
+    with StatsStore(url) as store:
+        [run] = store.runs()
+    assert cli(["stats", "--db", url, "--run", run["id"]]) == 0
+    assert cli(["report", "--db", url, "--run", run["id"], "--out", str(tmp_path / "report")]) == 0
+    assert "by_length" in (tmp_path / "report" / "index.html").read_text()
 
     # tool episodes, played on each rank by the rollout function, graded on their transcripts
     with_tools = _stored(tmp_path / "tools")
