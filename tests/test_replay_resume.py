@@ -133,7 +133,9 @@ def _train_cli(output_dir: Path, steps: int, resume: str = "never") -> subproces
             "trainer.sampling.rollout_batch_size=16", "trainer.optim.micro_batch_size=16", "verifier.workers=1",
             "sft.steps=3", "sft.batch_size=8", "eval.tasks_per_level=1", "checkpoint.every=1",
             "model.tiny.hidden_size=32", "model.tiny.layers=2", "model.tiny.heads=2", "model.tiny.kv_heads=1",
-            "model.tiny.intermediate_size=64", f"resume={resume}", "domains=[arithmetic,fractions]"]
+            "model.tiny.intermediate_size=64", f"resume={resume}", "domains=[arithmetic,fractions]",
+            # one thread for every phase: the straight and the killed run go side by side on two cores
+            "trainer.system.cpu_threads=1", "trainer.system.update_cpu_threads=1", "sft.cpu_threads=1"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env={**os.environ, "TQDM_DISABLE": "1"}, cwd=HERE.parent)
 
@@ -150,9 +152,7 @@ def _plans(db: Path) -> tuple[list, dict]:
 
 def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path):
     steps = 5
-    reference = _train_cli(tmp_path / "straight", steps)
-    assert reference.wait(timeout=300) == 0, reference.stdout.read().decode()[-2000:]
-
+    reference = _train_cli(tmp_path / "straight", steps)  # the uninterrupted run, beside the victim
     victim = _train_cli(tmp_path / "killed", steps)
     checkpoints = tmp_path / "killed" / "checkpoints"
     deadline = time.time() + 300
@@ -161,6 +161,7 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path):
         time.sleep(0.05)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
+    assert reference.wait(timeout=300) == 0, reference.stdout.read().decode()[-2000:]
     resumed = _train_cli(tmp_path / "killed", steps, resume="auto")
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read().decode()[-2000:]
     # the evaluation before GRPO travelled in the checkpoint, so the gain still gets its interval

@@ -14,10 +14,13 @@ list, since importing it would import that CLI.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
@@ -68,8 +71,9 @@ def convert_gguf(source: Path, folder: Path, digest: str) -> None:
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-        loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        with _gguf_read_once():
+            tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+            loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     except ImportError as exc:
         raise ConfigError(f"model=smollm2: reading GGUF needs the gguf package ({one_line(exc)}): {INSTALL}") from None
     except Exception as exc:  # a damaged or truncated file
@@ -86,6 +90,27 @@ def convert_gguf(source: Path, folder: Path, digest: str) -> None:
     (partial / MARKER).write_text(json.dumps({"source": source.name, "sha256": digest}))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(partial, folder)
+
+
+@contextlib.contextmanager
+def _gguf_read_once() -> Iterator[None]:
+    """transformers parses the GGUF file three times (tokenizer, config, weights: 5-7 s each on two
+    cores, most of it the 49,152-entry vocabulary) and rebuilds gguf's tensor-name table for each of
+    the model's ~400 modules. Both are pure functions of their arguments, and transformers imports them
+    from ``gguf`` at each call, so for the conversion they are swapped for memoized ones: one parse,
+    one table, the same folder."""
+    try:
+        import gguf
+    except ImportError:  # transformers says so in its own words, caught by convert_gguf
+        yield
+        return
+    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=1)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(names)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
 
 
 def _converted_from(folder: Path, digest: str) -> bool:
