@@ -29,6 +29,11 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     echo "gpu check: no CUDA device visible to $PY" >&2
     exit 2
 fi
+# the per-domain table of the one run in $1/palestra.db
+store_table() {
+    "$PY" -m curriculum.cli stats --db "sqlite:///$1/palestra.db" \
+        --run "$("$PY" -m curriculum.cli runs --db "sqlite:///$1/palestra.db" | awk 'NR==2{print $1}')"
+}
 parts=() options=()
 for arg in "$@"; do
     case $arg in trainer|memory|sampler|mainjob|realjob|pipeline|trl|verl) parts+=("$arg") ;; *) options+=("$arg") ;; esac
@@ -50,9 +55,7 @@ for part in "${parts[@]}"; do
                     model=tiny model.tiny.hidden_size=896 model.tiny.layers=24 model.tiny.heads=14 model.tiny.kv_heads=2 \
                     model.tiny.intermediate_size=4864 model.device=cuda || status=1 ;;
         trl) out=$(mktemp -d) && timeout 200 "$PY" examples/trl_grpo.py --steps 4 --out "$out" && \
-                 "$PY" -m curriculum.cli stats --db "sqlite:///$out/palestra.db" \
-                     --run "$("$PY" -m curriculum.cli runs --db "sqlite:///$out/palestra.db" | awk 'NR==2{print $1}')" \
-                 || status=1 ;;
+                 store_table "$out" || status=1 ;;
         verl) if ! "$PY" -c "import vllm" 2>/dev/null; then
                   echo "verl: vLLM is not installed for $PY; verl 0.7.1 needs it (or SGLang) to roll out" >&2; status=1
               else
@@ -63,9 +66,7 @@ for part in "${parts[@]}"; do
                       actor_rollout_ref.actor.ppo_mini_batch_size=16 data.max_prompt_length=256 \
                       data.max_response_length=64 actor_rollout_ref.rollout.gpu_memory_utilization=0.3 \
                       trainer.save_freq=-1 trainer.test_freq=-1 trainer.val_before_train=false && \
-                  "$PY" -m curriculum.cli stats --db "sqlite:///$out/palestra.db" \
-                      --run "$("$PY" -m curriculum.cli runs --db "sqlite:///$out/palestra.db" | awk 'NR==2{print $1}')" \
-                  || status=1
+                  store_table "$out" || status=1
               fi ;;
     esac
 done
