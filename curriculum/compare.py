@@ -186,7 +186,7 @@ def run_label(run: dict) -> str:
 
 
 def split_labels(runs: list[dict]) -> dict[str, str]:
-    """run id -> label: the policy type (``sec#1`` when a type appears with several settings), and,
+    """run id -> label: the policy type (``sec alpha=0.5`` when a type appears with several settings), and,
     for a run whose difficulty controller is not the one most of the sweep's runs use, which one it
     is (``uniform difficulty=fixed``): so one sweep holds a difficulty ablation beside the policies."""
     policies, controllers = _variants(runs, "policy"), _variants(runs, "difficulty")
@@ -209,20 +209,26 @@ def _help_tags(run: dict) -> str:
 
 
 def _variants(runs: list[dict], group: str) -> dict[str, str]:
-    """run id -> the type of its ``group`` setting, with ``#k`` when that type appears in the sweep
-    with several settings (in order of first appearance)."""
-    def setting(run: dict) -> tuple[str, str]:
+    """run id -> the type of its ``group`` setting, followed, when that type appears in the sweep
+    with several settings, by the keys in which they differ (``headroom progress_z=1.0``)."""
+    def setting(run: dict) -> tuple[str, dict]:
         value = (run.get("config") or {}).get(group) or {}
-        kind = run_label(run) if group == "policy" else str(value.get("type", "?"))
-        return kind, json.dumps(value, sort_keys=True)
+        return (run_label(run) if group == "policy" else str(value.get("type", "?"))), value
 
-    seen: dict[str, list[str]] = {}
+    seen: dict[str, list[dict]] = {}
     for run in runs:
         kind, value = setting(run)
         if value not in seen.setdefault(kind, []):
             seen[kind].append(value)
-    return {run["id"]: kind if len(seen[kind]) == 1 else f"{kind}#{seen[kind].index(value)}"
-            for run in runs for kind, value in [setting(run)]}
+
+    def label(kind: str, value: dict) -> str:
+        others = seen[kind]
+        keys = sorted({k for v in others for k in v if any(o.get(k) != v.get(k) for o in others)})
+        # a key a run lacks was added after it was stored: it ran as that key's default did
+        shown = [f"{k}={json.dumps(value[k], sort_keys=True)}" if k in value else f"{k}=unset" for k in keys]
+        return f"{kind} {','.join(shown)}" if keys else kind
+
+    return {run["id"]: label(*setting(run)) for run in runs}
 
 
 # -- metrics -----------------------------------------------------------------------------------------
