@@ -210,7 +210,6 @@ def test_a_difficulty_ablation_is_a_group_of_its_own(tmp_path):
     assert cmp.policies["uniform difficulty=fixed"]["auc"]["pairs"] == 3
 
 
-
 def test_settings_of_one_policy_are_labelled_by_the_keys_in_which_they_differ():
     from curriculum.compare import split_labels
 
@@ -223,6 +222,7 @@ def test_settings_of_one_policy_are_labelled_by_the_keys_in_which_they_differ():
     assert split_labels(runs) == {"u": "uniform", "a": "headroom progress_z=0.0",
                                   "b": "headroom progress_z=1.0", "c": "headroom progress_z=unset"}
     assert split_labels(runs[:2]) == {"u": "uniform", "a": "headroom"}  # one setting: the type alone
+
 
 def store_metrics(url: str, run_id: str) -> list[dict]:
     with StatsStore(url) as store:
