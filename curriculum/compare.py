@@ -187,8 +187,8 @@ def run_label(run: dict) -> str:
 
 def split_labels(runs: list[dict]) -> dict[str, str]:
     """run id -> label: the policy type (``headroom progress_z=1.0`` when a type appears with several
-    settings), and, for a run whose difficulty controller is not the one most of the sweep's runs use, which one it
-    is (``uniform difficulty=fixed``): so one sweep holds a difficulty ablation beside the policies."""
+    settings), and, for a run whose difficulty controller is not the one most of the sweep's runs
+    use, which one it is (``uniform difficulty=fixed``): so one sweep holds a difficulty ablation beside the policies."""
     policies, controllers = _variants(runs, "policy"), _variants(runs, "difficulty")
     usual = Counter(controllers.values()).most_common(1)[0][0] if runs else None
     tags = {run["id"]: _help_tags(run) for run in runs}
