@@ -187,13 +187,22 @@ def run_label(run: dict) -> str:
 
 def split_labels(runs: list[dict]) -> dict[str, str]:
     """run id -> label: the policy type (``headroom progress_z=1.0`` when a type appears with several
-    settings), and, for a run whose difficulty controller is not the one most of the sweep's runs
-    use, which one it is (``uniform difficulty=fixed``): so one sweep holds a difficulty ablation beside the policies."""
-    policies, controllers = _variants(runs, "policy"), _variants(runs, "difficulty")
-    usual = Counter(controllers.values()).most_common(1)[0][0] if runs else None
-    tags = {run["id"]: _help_tags(run) for run in runs}
-    return {run_id: (label if controllers[run_id] == usual else f"{label} difficulty={controllers[run_id]}")
-            + tags[run_id] for run_id, label in policies.items()}
+    settings), and, for a run whose difficulty controller or model arithmetic is not the one most of
+    the sweep's runs use, which one it is (``uniform difficulty=fixed``, ``uniform model.dtype=bfloat16``):
+    so one sweep holds a difficulty or precision ablation beside the policies."""
+    policies, odd = _variants(runs, "policy"), _unusual(runs)
+    return {run["id"]: policies[run["id"]] + odd[run["id"]] + _help_tags(run) for run in runs}
+
+
+def _unusual(runs: list[dict]) -> dict[str, str]:
+    """run id -> `` difficulty=fixed`` / `` model.dtype=bfloat16`` where its controller or dtype is
+    not the one most of the sweep's runs use; empty for the usual ones."""
+    settings = {"difficulty": _variants(runs, "difficulty"),
+                "model.dtype": {run["id"]: str(((run.get("config") or {}).get("model") or {}).get("dtype", "auto"))
+                                for run in runs}}
+    usual = {key: Counter(values.values()).most_common(1)[0][0] for key, values in settings.items() if values}
+    return {run["id"]: "".join(f" {key}={values[run['id']]}" for key, values in settings.items()
+                               if values[run["id"]] != usual[key]) for run in runs}
 
 
 def _help_tags(run: dict) -> str:

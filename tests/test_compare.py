@@ -224,6 +224,19 @@ def test_settings_of_one_policy_are_labelled_by_the_keys_in_which_they_differ():
     assert split_labels(runs[:2]) == {"u": "uniform", "a": "headroom"}  # one setting: the type alone
 
 
+def test_a_run_in_another_precision_is_labelled_by_its_dtype():
+    from curriculum.compare import split_labels
+
+    def run(run_id, dtype):
+        return {"id": run_id, "config": {"policy": {"type": "uniform"}, "difficulty": {"type": "frontier"},
+                                         "model": {"dtype": dtype}}}
+
+    runs = [run("a", "auto"), run("b", "auto"), run("c", "bfloat16")]
+    assert split_labels(runs) == {"a": "uniform", "b": "uniform", "c": "uniform model.dtype=bfloat16"}
+    # a simulator run has no model: it is never tagged
+    assert split_labels([{"id": "s", "config": {"policy": {"type": "uniform"}}}]) == {"s": "uniform"}
+
+
 def store_metrics(url: str, run_id: str) -> list[dict]:
     with StatsStore(url) as store:
         return store.metrics(run_id)
