@@ -7,8 +7,9 @@ metrics and its peak resident memory:
 
 - ``base``: the code of commit ``--base`` (a git worktree of it; default: the commit before the
   speed work), run with this checkout's virtual environment;
-- ``new``: this checkout, the preset as it ships;
-- ``new, bf16``: the same with ``model.dtype=bfloat16`` — only where the CPU has AVX512-BF16 or AMX;
+- ``new``: this checkout, the preset in fp32 (``model.dtype=float32``: as it ships on a CPU without bf16);
+- ``new, bf16``: the same with ``model.dtype=bfloat16`` — only where the CPU has AVX512-BF16 or AMX,
+  where the preset ships it (``model.dtype=auto``);
 - ``single-turn``: this checkout on the batch TRL can take (the five single-turn domains, no
   refills, no evaluation to speak of), beside ``trl``: TRL's ``GRPOTrainer`` on the same model,
   batch, token budget, learning rate and threads (``[bench]`` extra).
@@ -180,12 +181,13 @@ def main() -> None:
         if "base" not in skip:
             rows.append(run_palestra("base", base_worktree(args.base, workdir), common, workdir))
         new = common + args.new_overrides.split()
-        rows.append(run_palestra("new", ROOT, new, workdir))
+        fp32 = new + ["model.dtype=float32"]  # like the base commit and TRL's row (bf16=False)
+        rows.append(run_palestra("new", ROOT, fp32, workdir))
         if "bf16" not in skip and cpu_bf16():
             rows.append(run_palestra("new, bf16", ROOT, new + ["model.dtype=bfloat16"], workdir))
         if "trl" not in skip:
             single = [f"domains=[{','.join(SINGLE_TURN)}]", "trainer.sampling.dynamic_sampling=false"]
-            rows.append(run_palestra("single-turn", ROOT, new + single, workdir))
+            rows.append(run_palestra("single-turn", ROOT, fp32 + single, workdir))
             rows.append(run_trl(args.steps, workdir))
     finally:
         if (workdir / "base-code").exists():
@@ -199,6 +201,12 @@ def main() -> None:
               f"{base['time/train'] / new['time/train']:.2f}x update speed, {base['s_per_step'] / new['s_per_step']:.2f}x "
               f"step speed, {base['wall'] / new['wall']:.2f}x wall, peak RSS {new['rss_gb']:.1f} against "
               f"{base['rss_gb']:.1f} GB")
+    if "new, bf16" in by_name:
+        fp32, bf16 = by_name["new"], by_name["new, bf16"]
+        print(f"bf16 against fp32: {bf16['tokens_per_s'] / fp32['tokens_per_s']:.2f}x tokens/s, "
+              f"{fp32['time/train'] / bf16['time/train']:.2f}x update speed, {fp32['s_per_step'] / bf16['s_per_step']:.2f}x "
+              f"step speed, {fp32['wall'] / bf16['wall']:.2f}x wall, peak RSS {bf16['rss_gb']:.1f} against "
+              f"{fp32['rss_gb']:.1f} GB")
     if "trl" in by_name:
         print(f"single-turn step: palestra / trl = {by_name['single-turn']['s_per_step'] / by_name['trl']['s_per_step']:.2f} "
               "(below 1: Palestra faster)")

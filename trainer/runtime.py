@@ -42,9 +42,26 @@ def phase_threads(device: torch.device, threads: int | None, back_to: int | None
         torch.set_num_threads(within_share(back_to))
 
 
+# Below this size a CPU step is dispatch and Python, not matrix arithmetic, and bf16's casts do not
+# pay (the tiny model: docs/performance.md); it is also the size of every model the tests build.
+BF16_MIN_PARAMETERS = 20_000_000
+
+
+def arithmetic(device: torch.device, dtype: str, parameters: int) -> str:
+    """What ``model.dtype`` trains in here: ``bfloat16`` (autocast; weights and optimizer stay fp32)
+    or ``float32``. ``auto`` is bf16 where the hardware has it: CUDA, and a CPU with AMX or
+    AVX512-BF16 for a model of at least BF16_MIN_PARAMETERS (on the SmolLM2 preset it trained
+    faster with held-out success within fp32's seed spread, docs/performance.md)."""
+    if dtype != "auto":
+        return dtype
+    if device.type == "cuda":
+        return "bfloat16"
+    return "bfloat16" if device.type == "cpu" and cpu_bf16() and parameters >= BF16_MIN_PARAMETERS else "float32"
+
+
 def autocast(device: torch.device, dtype: str) -> ContextManager:
-    """bf16 autocast on CUDA (unless the model's dtype says float32) and on the CPU when asked for
-    (``bfloat16``); full precision otherwise. The weights stay fp32 either way (the optimizer's copy)."""
+    """bf16 autocast on CUDA (unless the model's dtype says float32) and on the CPU for ``bfloat16``
+    (``arithmetic`` resolves ``auto``); full precision otherwise. The weights stay fp32 either way."""
     if device.type == "cuda" and dtype in ("auto", "bfloat16"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     if device.type == "cpu" and dtype == "bfloat16":
@@ -64,16 +81,18 @@ def cpu_bf16() -> str | None:
     return "+".join(found) or None
 
 
-def precision(device: torch.device, dtype: str) -> str:
+def precision(device: torch.device, dtype: str, parameters: int) -> str:
     """One line for the run's start: the arithmetic it trains in, and why."""
     if device.type == "cuda":
         return "precision: bf16 autocast on CUDA" if dtype != "float32" else "precision: fp32 (model.dtype=float32)"
-    has = cpu_bf16()
+    has, chosen = cpu_bf16(), arithmetic(device, dtype, parameters)
     if dtype == "bfloat16":
         return f"precision: bf16 autocast on the CPU ({has or 'no bf16 instructions: emulated, slower than fp32'})"
+    if chosen == "bfloat16":
+        return f"precision: bf16 autocast on the CPU (model.dtype=auto and this CPU has {has}; float32 keeps fp32)"
     if dtype == "auto" and has:
-        # not chosen for the user until its held-out effect is measured over seeds (docs/performance.md)
-        return f"precision: fp32 (this CPU has {has}: model.dtype=bfloat16 trains in bf16 autocast)"
+        return (f"precision: fp32 (this CPU has {has}, but a model of {parameters / 1e6:.1f}M parameters is too small "
+                f"to gain from it; model.dtype=bfloat16 trains in bf16 autocast)")
     return f"precision: fp32 ({'model.dtype=float32' if dtype == 'float32' else 'this CPU has no bf16 instructions'})"
 
 

@@ -45,8 +45,8 @@ from trainer.recipe.health import HealthMonitor
 from trainer.recipe.metrics import MetricsLogger
 from trainer.recipe.pipeline import RolloutPipeline
 from trainer.recipe.sft import warm_start, warm_start_counts
-from trainer.runtime import (StopOnSignal, autocast, library_versions, phase_threads, precision, resume_hint,
-                             seed_everything, within_share)
+from trainer.runtime import (StopOnSignal, arithmetic, autocast, library_versions, phase_threads, precision,
+                             resume_hint, seed_everything, within_share)
 from trainer.sampling.collect import RolloutCollector
 from trainer.sampling.decode import CapturedSampler
 from trainer.sampling.rollout import Sampler, generate
@@ -100,6 +100,8 @@ class GRPORecipe:
         if self.device.type == "cpu":
             torch.set_num_threads(within_share(cfg.trainer.system.cpu_threads))
         path = self._build_models(resuming=latest is not None)
+        self.parameter_count = sum(p.numel() for p in self.model.parameters())
+        self.dtype = arithmetic(self.device, cfg.model.dtype, self.parameter_count)  # model.dtype=auto resolved
         self.pool = make_pool(self.domains, cfg.verifier)
         kind = cfg.trainer.sampler_kind(self.device.type)
         self.engine = (VLLMEngine(path, gpu_memory_utilization=cfg.trainer.sampling.vllm_gpu_memory_utilization,
@@ -118,7 +120,7 @@ class GRPORecipe:
         self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.system.table_every)
                        if self.world.is_main else distributed.QuietLogger())
         self.update.alarm = self.logger.write
-        self.logger.write(precision(self.device, cfg.model.dtype))
+        self.logger.write(precision(self.device, cfg.model.dtype, self.parameter_count))
         if latest is not None:  # a requeued cluster job's log says it went on rather than started over
             changed = (f" with settings changed since it started: {'; '.join(self.resumed_changes)}"
                        if self.resumed_changes else "")
@@ -409,7 +411,7 @@ class GRPORecipe:
         return self.engine
 
     def _autocast(self):
-        return autocast(self.device, self.cfg.model.dtype)
+        return autocast(self.device, self.dtype)
 
     def summary(self) -> dict[str, Any]:
         return {"run_id": self.run_id, **self.heldout.summary()}
