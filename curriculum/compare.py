@@ -198,11 +198,17 @@ def _unusual(runs: list[dict]) -> dict[str, str]:
     """run id -> `` difficulty=fixed`` / `` model.dtype=bfloat16`` where its controller or dtype is
     not the one most of the sweep's runs use; empty for the usual ones."""
     settings = {"difficulty": _variants(runs, "difficulty"),
-                "model.dtype": {run["id"]: str(((run.get("config") or {}).get("model") or {}).get("dtype", "auto"))
-                                for run in runs}}
+                "model.dtype": {run["id"]: _arithmetic(run) for run in runs}}
     usual = {key: Counter(values.values()).most_common(1)[0][0] for key, values in settings.items() if values}
     return {run["id"]: "".join(f" {key}={values[run['id']]}" for key, values in settings.items()
                                if values[run["id"]] != usual[key]) for run in runs}
+
+
+def _arithmetic(run: dict) -> str:
+    """What a training run computed in (``float32``, ``bfloat16``), as stored with it; for a run stored
+    before that, its ``model.dtype`` setting (``auto`` then meant fp32 on a CPU, bf16 on CUDA)."""
+    config = run.get("config") or {}
+    return str(config.get("arithmetic") or (config.get("model") or {}).get("dtype", "auto"))
 
 
 def _help_tags(run: dict) -> str:

@@ -233,6 +233,11 @@ def test_a_run_in_another_precision_is_labelled_by_its_dtype():
 
     runs = [run("a", "auto"), run("b", "auto"), run("c", "bfloat16")]
     assert split_labels(runs) == {"a": "uniform", "b": "uniform", "c": "uniform model.dtype=bfloat16"}
+    # model.dtype=auto on a CPU with bf16: the run stores what it computed in, and is labelled by that
+    runs = [run("a", "auto"), run("b", "auto"), run("c", "auto"), run("d", "auto"), run("e", "bfloat16")]
+    runs[3]["config"]["arithmetic"] = "bfloat16"
+    labels = split_labels(runs)
+    assert labels["d"] == labels["e"] == "uniform model.dtype=bfloat16" and labels["c"] == "uniform"
     # a simulator run has no model: it is never tagged
     assert split_labels([{"id": "s", "config": {"policy": {"type": "uniform"}}}]) == {"s": "uniform"}
 

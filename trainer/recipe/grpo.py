@@ -187,8 +187,9 @@ class GRPORecipe:
         return Curriculum.reopen(self.store, self.run_id, state, **settings)
 
     def _run_config(self) -> dict[str, Any]:
-        """The config a run is stored with: its settings and the library versions it ran under."""
-        return {**self.cfg.model_dump(mode="json"), "versions": library_versions()}
+        """The config a run is stored with: its settings, the library versions it ran under, and the
+        arithmetic it trains in (``model.dtype=auto`` is fp32 on one CPU and bf16 on another)."""
+        return {**self.cfg.model_dump(mode="json"), "versions": library_versions(), "arithmetic": self.dtype}
 
     def _resume(self, path: Path) -> dict | None:
         """Model, optimizer and schedule from the checkpoint on every rank; rank 0 gets back the
