@@ -195,21 +195,20 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print_table(rows)
     by_name = {row["name"]: summary(row) for row in rows}
-    if "base" in by_name:
-        base, new = by_name["base"], by_name["new"]
-        print(f"new against base: {new['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s, "
-              f"{base['time/train'] / new['time/train']:.2f}x update speed, {base['s_per_step'] / new['s_per_step']:.2f}x "
-              f"step speed, {base['wall'] / new['wall']:.2f}x wall, peak RSS {new['rss_gb']:.1f} against "
-              f"{base['rss_gb']:.1f} GB")
-    if "new, bf16" in by_name:
-        fp32, bf16 = by_name["new"], by_name["new, bf16"]
-        print(f"bf16 against fp32: {bf16['tokens_per_s'] / fp32['tokens_per_s']:.2f}x tokens/s, "
-              f"{fp32['time/train'] / bf16['time/train']:.2f}x update speed, {fp32['s_per_step'] / bf16['s_per_step']:.2f}x "
-              f"step speed, {fp32['wall'] / bf16['wall']:.2f}x wall, peak RSS {bf16['rss_gb']:.1f} against "
-              f"{fp32['rss_gb']:.1f} GB")
+    for title, before, after in (("new against base", "base", "new"), ("bf16 against fp32", "new", "new, bf16")):
+        if before in by_name and after in by_name:
+            print(ratios(title, by_name[before], by_name[after]))
     if "trl" in by_name:
         print(f"single-turn step: palestra / trl = {by_name['single-turn']['s_per_step'] / by_name['trl']['s_per_step']:.2f} "
               "(below 1: Palestra faster)")
+
+
+def ratios(title: str, before: dict, after: dict) -> str:
+    """One line of speed-ups (above 1: ``after`` faster) and both peak RSS figures."""
+    return (f"{title}: {after['tokens_per_s'] / before['tokens_per_s']:.2f}x tokens/s, "
+            f"{before['time/train'] / after['time/train']:.2f}x update speed, "
+            f"{before['s_per_step'] / after['s_per_step']:.2f}x step speed, {before['wall'] / after['wall']:.2f}x wall, "
+            f"peak RSS {after['rss_gb']:.1f} against {before['rss_gb']:.1f} GB")
 
 
 if __name__ == "__main__":
