@@ -105,7 +105,7 @@ def measure(args: argparse.Namespace, name: str) -> dict:
     from trainer.models.loading import checkpoint_activations, load_model
     from trainer.models.sharding import shard
     from trainer import distributed
-    from trainer.runtime import autocast
+    from trainer.runtime import arithmetic, autocast
     from trainer.update.reference import make_reference
     from trainer.update.step import PolicyUpdate
 
@@ -128,8 +128,9 @@ def measure(args: argparse.Namespace, name: str) -> dict:
         "sampling": {"max_new_tokens": args.completion}})
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    dtype = arithmetic(device, "auto", sum(p.numel() for p in model.parameters()))  # as the trainer chooses
     update = PolicyUpdate(model, optimizer, schedule, trainer, reference=reference, world=world,
-                          autocast=lambda: autocast(device, "auto"))
+                          autocast=lambda: autocast(device, dtype))
     rollout, advantages = synthetic_rows(args, model.config.vocab_size)
     model.train()
     update(rollout, advantages)  # warm-up: AdamW's moments are allocated here

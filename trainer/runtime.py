@@ -60,12 +60,10 @@ def arithmetic(device: torch.device, dtype: str, parameters: int) -> str:
 
 
 def autocast(device: torch.device, dtype: str) -> ContextManager:
-    """bf16 autocast on CUDA (unless the model's dtype says float32) and on the CPU for ``bfloat16``
-    (``arithmetic`` resolves ``auto``); full precision otherwise. The weights stay fp32 either way."""
-    if device.type == "cuda" and dtype in ("auto", "bfloat16"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    if device.type == "cpu" and dtype == "bfloat16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+    """bf16 autocast on CUDA or the CPU for ``bfloat16`` (``arithmetic`` resolves ``model.dtype=auto``
+    to it or to ``float32``); full precision otherwise. The weights stay fp32 either way."""
+    if dtype == "bfloat16" and device.type in ("cuda", "cpu"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

@@ -100,8 +100,8 @@ class GRPORecipe:
         if self.device.type == "cpu":
             torch.set_num_threads(within_share(cfg.trainer.system.cpu_threads))
         path = self._build_models(resuming=latest is not None)
-        self.parameter_count = sum(p.numel() for p in self.model.parameters())
-        self.dtype = arithmetic(self.device, cfg.model.dtype, self.parameter_count)  # model.dtype=auto resolved
+        parameters = sum(p.numel() for p in self.model.parameters())
+        self.dtype = arithmetic(self.device, cfg.model.dtype, parameters)  # model.dtype=auto resolved
         self.pool = make_pool(self.domains, cfg.verifier)
         kind = cfg.trainer.sampler_kind(self.device.type)
         self.engine = (VLLMEngine(path, gpu_memory_utilization=cfg.trainer.sampling.vllm_gpu_memory_utilization,
@@ -120,7 +120,7 @@ class GRPORecipe:
         self.logger = (MetricsLogger(self.output_dir, cfg.trainer.steps - self.start_step, cfg.trainer.system.table_every)
                        if self.world.is_main else distributed.QuietLogger())
         self.update.alarm = self.logger.write
-        self.logger.write(precision(self.device, cfg.model.dtype, self.parameter_count))
+        self.logger.write(precision(self.device, cfg.model.dtype, parameters))
         if latest is not None:  # a requeued cluster job's log says it went on rather than started over
             changed = (f" with settings changed since it started: {'; '.join(self.resumed_changes)}"
                        if self.resumed_changes else "")
