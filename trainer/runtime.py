@@ -1,8 +1,11 @@
-"""What a training process needs around the recipe: seeding, CPU threads, stopping on a signal,
-the library versions a run is stored with, and how to tell the user to go on after a stop."""
+"""What a training process needs around the recipe: seeding, CPU threads, how the C heap gives memory
+back, stopping on a signal, the library versions a run is stored with, and how to tell the user to
+go on after a stop."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import random
 import signal
 import threading
@@ -40,6 +43,31 @@ def phase_threads(device: torch.device, threads: int | None, back_to: int | None
         yield
     finally:
         torch.set_num_threads(within_share(back_to))
+
+
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+def release_freed_memory(threshold_kb: int | None) -> bool:
+    """Have glibc serve every allocation of ``threshold_kb`` or more straight from the OS (mmap) and
+    hand it back when it is freed, and trim the heap once that much is free at its top.
+
+    Why: glibc starts at 128 KB but raises its threshold to the size of each large block freed, up
+    to 32 MB. From then on the sampler's tensors (a KV cache that grows a token at a time, logits of
+    a batch that shrinks as rows finish, tool episodes of every length) are carved from the heap
+    and freed in sizes later requests cannot reuse, so the resident set grows step after step: on
+    the SmolLM2 preset from 5 GB after its first step to 9-10 GB by its twentieth
+    (docs/performance.md). A fixed threshold turns that off. None keeps glibc's own behaviour; so
+    does a C library without mallopt (False is returned then)."""
+    if threshold_kb is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc: macOS, Windows
+        return False
+    size = threshold_kb * 1024
+    return bool(mallopt(M_MMAP_THRESHOLD, size)) and bool(mallopt(M_TRIM_THRESHOLD, size))
 
 
 # Below this size a CPU step is dispatch and Python, not matrix arithmetic, and bf16's casts do not
