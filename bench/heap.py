@@ -3,8 +3,8 @@
 Two processes run the SmolLM2 preset (``palestra-train +experiment=smollm2``: all eight domains,
 tool episodes, refills, evaluation before and after) for ``--steps`` GRPO steps at the arithmetic
 this CPU gets (``model.dtype=auto``): one with ``trainer.system.malloc_mmap_threshold_kb=null``
-(glibc's own threshold, which grows to 32 MB), one with the shipped 256 KB (trainer/runtime.py
-says why). The resident set grows with the steps without the threshold, so measure enough of them
+(glibc's own threshold, which grows to 32 MB), one with a fixed 256 KB
+(``--threshold-kb``; trainer/runtime.py says why). The resident set grows with the steps without the threshold, so measure enough of them
 to see it (the default 8). Prints each row's tokens/s, seconds per step and its phases, the
 evaluations, wall time and peak RSS, then the ratios. Rows run minutes apart on one machine:
 compare them with each other.
@@ -38,13 +38,13 @@ def main() -> None:
     print(f"CPU: {cpu_bf16() or 'no bf16 instructions'}; {os.cpu_count()} cores")
     workdir = Path(tempfile.mkdtemp(prefix="heap-bench-"))
     try:
-        rows = [run_palestra("glibc's own", ROOT, common + ["trainer.system.malloc_mmap_threshold_kb=null"], workdir),
+        rows = [run_palestra("glibc default", ROOT, common + ["trainer.system.malloc_mmap_threshold_kb=null"], workdir),
                 run_palestra(f"{args.threshold_kb} KB", ROOT,
                              common + [f"trainer.system.malloc_mmap_threshold_kb={args.threshold_kb}"], workdir)]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print_table(rows)
-    print(ratios(f"{args.threshold_kb} KB against glibc's own", *(summary(row) for row in rows)))
+    print(ratios(f"{args.threshold_kb} KB against glibc default", *(summary(row) for row in rows)))
     macros = [row["macro"] for row in rows]
     print(f"held-out macro before/after: {macros[0]} and {macros[1]} (the threshold moves no number)")
 

@@ -58,8 +58,9 @@ def release_freed_memory(threshold_kb: int | None) -> bool:
     a batch that shrinks as rows finish, tool episodes of every length) are carved from the heap
     and freed in sizes later requests cannot reuse, so the resident set grows step after step: on
     the SmolLM2 preset from 5 GB after its first step to 9-10 GB by its twentieth
-    (docs/performance.md). A fixed threshold turns that off. None keeps glibc's own behaviour; so
-    does a C library without mallopt (False is returned then)."""
+    (docs/performance.md). A fixed threshold turns that off, but every large tensor then costs fresh
+    pages from the kernel: 0.66x the step speed there, so it is an option, not the default. None
+    keeps glibc's own behaviour; so does a C library without mallopt (False is returned then)."""
     if threshold_kb is None:
         return False
     try:
