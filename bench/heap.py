@@ -1,15 +1,21 @@
-"""Peak memory of the real-model job with and without the fixed malloc threshold, side by side.
+"""Peak memory of the real-model job under three ways of handing freed memory back, side by side.
 
-Two processes run the SmolLM2 preset (``palestra-train +experiment=smollm2``: all eight domains,
-tool episodes, refills, evaluation before and after) for ``--steps`` GRPO steps at the arithmetic
-this CPU gets (``model.dtype=auto``): one with ``trainer.system.malloc_mmap_threshold_kb=null``
-(glibc's own threshold, which grows to 32 MB), one with a fixed ``--threshold-kb`` (256 KB;
-trainer/runtime.py says why). The resident set grows with the steps without the threshold, so
-measure enough of them to see it (the default 8). Prints each row's tokens/s, seconds per step and its phases, the
-evaluations, wall time and peak RSS, then the ratios. Rows run minutes apart on one machine:
-compare them with each other.
+Each row is a process running the SmolLM2 preset (``palestra-train +experiment=smollm2``: all eight
+domains, tool episodes, refills, evaluation before and after) for ``--steps`` GRPO steps at the
+arithmetic this CPU gets (``model.dtype=auto``):
 
-    .venv/bin/python bench/heap.py [--steps 8 --eval-tasks 1 --threshold-kb 256]
+- ``glibc default``: glibc's own mmap threshold, which grows to 32 MB (trainer/runtime.py says why
+  the resident set then grows with the steps);
+- ``threshold``: a fixed ``trainer.system.malloc_mmap_threshold_kb`` (``--threshold-kb``);
+- ``trim``: ``trainer.system.trim_heap``, free heap pages handed back after each phase of a step;
+- ``checkpointing``: ``trim`` with ``model.gradient_checkpointing``, for what the update itself holds.
+
+Prints each row's tokens/s, seconds per step and its phases, the evaluations, wall time and peak
+RSS, each row's resident set after every step, then each candidate's ratios against the first row,
+whether the held-out macro is the same, and how far its GRPO loss is from the first row's at each step.
+Rows run minutes apart on one machine: compare them with each other.
+
+    .venv/bin/python bench/heap.py [--steps 4 --eval-tasks 1 --threshold-kb 4096 --rows default,threshold,trim]
 """
 from __future__ import annotations
 
@@ -27,27 +33,50 @@ from bench.real_model import print_table, ratios, run_palestra, summary  # noqa:
 from trainer.runtime import cpu_bf16  # noqa: E402
 
 
+def candidates(threshold_kb: int) -> dict[str, tuple[str, list[str]]]:
+    """Row key -> (label, overrides)."""
+    return {"default": ("glibc default", ["trainer.system.malloc_mmap_threshold_kb=null"]),
+            "threshold": (f"{threshold_kb} KB", [f"trainer.system.malloc_mmap_threshold_kb={threshold_kb}"]),
+            "trim": ("trim", ["trainer.system.malloc_mmap_threshold_kb=null", "trainer.system.trim_heap=true"]),
+            "checkpointing": ("trim, checkpointing", ["trainer.system.malloc_mmap_threshold_kb=null",
+                                                      "trainer.system.trim_heap=true", "model.gradient_checkpointing=true"])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=1)
-    parser.add_argument("--threshold-kb", type=int, default=256)
-    parser.add_argument("--overrides", default="", help="more palestra-train overrides for both rows")
+    parser.add_argument("--threshold-kb", type=int, default=4096)
+    parser.add_argument("--rows", default="default,threshold,trim", help="which rows, in order; the first is the baseline")
+    parser.add_argument("--overrides", default="", help="more palestra-train overrides for every row")
     args = parser.parse_args()
+    table = candidates(args.threshold_kb)
+    keys = args.rows.split(",")
+    if unknown := [key for key in keys if key not in table]:
+        parser.error(f"unknown row {unknown[0]!r}; rows are {', '.join(table)}")
     common = [f"trainer.steps={args.steps}", f"eval.tasks_per_level={args.eval_tasks}", *args.overrides.split()]
     print(f"CPU: {cpu_bf16() or 'no bf16 instructions'}; {os.cpu_count()} cores")
     workdir = Path(tempfile.mkdtemp(prefix="heap-bench-"))
     try:
-        rows = [run_palestra("glibc default", ROOT, common + ["trainer.system.malloc_mmap_threshold_kb=null"], workdir),
-                run_palestra(f"{args.threshold_kb} KB", ROOT,
-                             common + [f"trainer.system.malloc_mmap_threshold_kb={args.threshold_kb}"], workdir)]
+        rows = [run_palestra(table[key][0], ROOT, common + table[key][1], workdir) for key in keys]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print_table(rows)
-    print(ratios(f"{args.threshold_kb} KB against glibc default", *(summary(row) for row in rows)))
-    macros = [row["macro"] for row in rows]
-    same = "the same" if macros[0] == macros[1] else "DIFFERENT: the threshold changed a result"
-    print(f"held-out macro before/after: {macros[0]} and {macros[1]} ({same})")
+    for row in rows:
+        after_steps = ", ".join(f"{s['memory/rss_gb']:.2f}" for s in row["steps"])
+        print(f"{row['name']}: resident GB after each step {after_steps}; held-out macro before/after {row['macro']}")
+    base = rows[0]
+    for row in rows[1:]:
+        print(ratios(f"{row['name']} against {base['name']}", summary(base), summary(row)))
+        same = "the same" if row["macro"] == base["macro"] else "DIFFERENT: a memory setting changed a result"
+        print(f"  held-out macro: {row['macro']} against {base['macro']} ({same}); {loss_agreement(base, row)}")
+
+
+def loss_agreement(base: dict, row: dict) -> str:
+    """How far ``row``'s GRPO losses are from ``base``'s, step by step: a setting that only moves
+    memory leaves them equal, one that recomputes (checkpointing) may round differently."""
+    differences = [abs(a["loss"] - b["loss"]) for a, b in zip(base["steps"], row["steps"])]
+    return "|loss difference| by step: " + ", ".join(f"{d:.1e}" for d in differences)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""trainer.system.malloc_mmap_threshold_kb: freed tensors go back to the OS instead of staying in a
-fragmented heap (trainer/runtime.py says why). Each case runs in a process of its own, since the
-setting holds for the whole process."""
+"""trainer.system.malloc_mmap_threshold_kb and trainer.system.trim_heap: freed tensors go back to the
+OS instead of staying in a fragmented heap (trainer/runtime.py says why). Each case runs in a process
+of its own, since a threshold holds for the whole process."""
 import platform
 import subprocess
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.runtime import release_freed_memory
+from trainer.runtime import release_freed_memory, resident_gb
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # how many MB the resident set kept.
 FRAGMENT = """
 import sys, torch
-from trainer.runtime import release_freed_memory
+from trainer.runtime import release_freed_memory, trim_heap
 def rss_mb():
     line = next(l for l in open("/proc/self/status") if l.startswith("VmRSS"))
     return int(line.split()[1]) / 1024
@@ -30,6 +30,8 @@ for _ in range(64):
     large.append(torch.ones(2**19))
     kept.append(torch.ones(16384))
 del large
+if sys.argv[1] == "trim":
+    assert trim_heap()
 print(rss_mb() - start)
 """
 
@@ -44,6 +46,17 @@ def kept_mb(setting: str) -> float:
 def test_freed_tensors_leave_the_resident_set_with_the_threshold_and_stay_without_it():
     assert kept_mb("off") > 96  # 128 MB freed, and the fragmented heap keeps it
     assert kept_mb("on") < 16
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_a_trim_hands_the_fragmented_heaps_free_pages_back():
+    assert kept_mb("trim") < 16  # the same 128 MB freed inside the heap, not at its top
+
+
+def test_the_resident_set_now_is_at_most_its_peak():
+    now, peak = resident_gb()
+    assert 0 < now <= peak + 0.05  # both in GB (the kernel updates the peak lazily): tens of MB, not bytes or TB
+    assert peak < 64
 
 
 def test_null_keeps_the_c_librarys_own_behaviour():

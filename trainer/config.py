@@ -197,6 +197,10 @@ class SystemConfig(Strict):
     # in speed (256 on the SmolLM2 preset: peak RSS 3.8 against 4.6 GB over 4 steps, 0.66x the step
     # speed; docs/performance.md). null, the default, keeps the C library's own threshold.
     malloc_mmap_threshold_kb: int | None = Field(None, ge=1, le=32768)
+    # After each phase of a step (sampling, update, evaluation) give the heap's free pages back to
+    # the OS (glibc's malloc_trim): the fragments a phase leaves stop counting as resident, at the
+    # cost of a page fault when the next phase reuses them (docs/performance.md).
+    trim_heap: bool = False
     table_every: int = Field(25, gt=0)  # steps between the console's per-domain tables
     # Under torchrun: replicate, every rank holds the whole model and optimizer; fsdp, they are
     # sharded over the ranks with FSDP2 (trainer/models/sharding.py; model.dtype=bfloat16 on CUDA gathers

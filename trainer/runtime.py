@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import random
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import ContextManager, Iterator
@@ -49,6 +51,16 @@ def phase_threads(device: torch.device, threads: int | None, back_to: int | None
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it has glibc's ``mallopt`` and ``malloc_trim``; None elsewhere (macOS, Windows, musl)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
 def release_freed_memory(threshold_kb: int | None) -> bool:
     """Have glibc serve every allocation of ``threshold_kb`` or more straight from the OS (mmap) and
     hand it back when it is freed, and trim the heap once that much is free at its top.
@@ -61,14 +73,34 @@ def release_freed_memory(threshold_kb: int | None) -> bool:
     (docs/performance.md). A fixed threshold turns that off, but every large tensor then costs fresh
     pages from the kernel: 0.66x the step speed there, so it is an option, not the default. None
     keeps glibc's own behaviour; so does a C library without mallopt (False is returned then)."""
-    if threshold_kb is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc: macOS, Windows
+    libc = _glibc() if threshold_kb is not None else None
+    if libc is None:
         return False
     size = threshold_kb * 1024
-    return bool(mallopt(M_MMAP_THRESHOLD, size)) and bool(mallopt(M_TRIM_THRESHOLD, size))
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, size)) and bool(libc.mallopt(M_TRIM_THRESHOLD, size))
+
+
+def trim_heap() -> bool:
+    """Hand every whole free page of the C heap back to the OS now (glibc's ``malloc_trim(0)``,
+    which also releases free pages inside the heap, not only at its top); True if any went back.
+
+    Called between a step's phases (``trainer.system.trim_heap``): the fragments one phase leaves
+    (see ``release_freed_memory``) stop counting as resident before the next phase, while inside a
+    phase freed blocks are still reused without a trip to the kernel. False without glibc."""
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False
+
+
+def resident_gb() -> tuple[float, float]:
+    """This process's resident set now and its peak so far, in GB (NaN for "now" off Linux)."""
+    import resource  # Unix only: imported here so that importing this module does not need it
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return float("nan"), peak
+    return pages * resource.getpagesize() / 2**30, peak
 
 
 # Below this size a CPU step is dispatch and Python, not matrix arithmetic, and bf16's casts do not

@@ -46,7 +46,8 @@ from trainer.recipe.metrics import MetricsLogger
 from trainer.recipe.pipeline import RolloutPipeline
 from trainer.recipe.sft import warm_start, warm_start_counts
 from trainer.runtime import (StopOnSignal, arithmetic, autocast, library_versions, phase_threads, precision,
-                             release_freed_memory, resume_hint, seed_everything, within_share)
+                             release_freed_memory, resident_gb, resume_hint, seed_everything, trim_heap,
+                             within_share)
 from trainer.sampling.collect import RolloutCollector
 from trainer.sampling.decode import CapturedSampler
 from trainer.sampling.rollout import Sampler, generate
@@ -292,6 +293,7 @@ class GRPORecipe:
             plan = self.curriculum.plan(step)
             with gathered(self.model):  # sharded: the full weights, so ranks may sample unequal amounts
                 rollouts = self.collector.collect_step(plan, self.curriculum, timer)
+            self._trim_heap()
         advantages = group_advantages(rollouts.batch.rewards, t.loss.advantage_std)  # [P, G]
         start = time.perf_counter()
         blend = self._blend(step, rollouts.batch.tasks)  # its draw before the rollout thread draws
@@ -303,6 +305,7 @@ class GRPORecipe:
                 self.pipeline.start(self.curriculum.plan(step + 1), self.model, self.curriculum)
             update = self.update(rollouts.batch.rollout, advantages.flatten(), blend)
         self._engine_stale = True
+        self._trim_heap()
         timer["train"] = time.perf_counter() - start
         if self.pipeline is not None:
             update.update({"async/staleness": float(ahead is not None), "time/rollout_wait": self.pipeline.wait()})
@@ -314,6 +317,7 @@ class GRPORecipe:
         metrics = self.curriculum.record(step, groups, metrics)
         metrics["time/record"] = time.perf_counter() - start
         metrics["time/step"] = time.perf_counter() - began  # the step's wall time (overlapping parts once)
+        metrics["memory/rss_gb"], metrics["memory/peak_rss_gb"] = resident_gb()
         self.logger.log(step, metrics)
         self._alarm(step, self.health.after_step(metrics, format_error_examples(groups)))
         return metrics
@@ -345,6 +349,7 @@ class GRPORecipe:
             if not self.world.is_main:  # rank 0 evaluates; the others wait for it at the next step
                 return
             metrics = self.heldout.run(self.model, self.tokenizer, self.pool, self._sampler(), keep=keep)
+            self._trim_heap()
         self.logger.log(step, {**metrics, "time/eval": time.perf_counter() - start}, phase="eval")
         self.logger.write(format_eval(metrics, title))
         try:
@@ -401,6 +406,11 @@ class GRPORecipe:
 
     def _cpu_threads(self, threads: int | None):
         return phase_threads(self.device, threads, back_to=self.cfg.trainer.system.cpu_threads)
+
+    def _trim_heap(self) -> None:
+        """Between phases, with ``trainer.system.trim_heap``: the heap's free pages back to the OS."""
+        if self.cfg.trainer.system.trim_heap:
+            trim_heap()
 
     def _sampler(self) -> Sampler:
         """The trainer's own sampler (eager or captured), or the vLLM engine once it holds the
