@@ -3,9 +3,10 @@ prompt selector, each slot draws extra candidates and the selector picks. A trai
 handed to its domain's ``drawn`` with the step and how often the task was drawn before (counted
 for the domains that ask, such as hidden code tests rotated by epoch).
 
-With hint shares (the plan's ``hints``, from ``cold_start``), ``round(share * n)`` of a domain's
-``n`` tasks in a training draw are put in their hinted form (``Domain.hinted``), the tasks chosen
-by a generator seeded by (seed, step, domain); a task the domain has no hint for stays plain. The
+With hint shares (the plan's ``hints``, from ``cold_start``), ``share * n`` of a domain's ``n``
+tasks in a training draw are put in their hinted form (``Domain.hinted``), rounded up or down at
+random so that it holds on average, the count and the tasks drawn by a generator seeded by (seed,
+step, domain); a task the domain has no hint for stays plain. The
 hint comes before ``drawn``: a hinted task is a task of its own (its id differs), counted, rotated
 and replayed as one. A draw without a step (held-out sets, the SFT blend) never carries hints."""
 from __future__ import annotations
@@ -58,8 +59,10 @@ class TaskSource:
 
     def _hinted_positions(self, slots: list[tuple[str, list[Task]]], step: int,
                           hints: Mapping[str, float]) -> set[int]:
-        """Positions in the draw of the tasks to hint: ``round(share * n)`` of each domain's ``n``,
-        chosen by a generator seeded by (seed, step, domain), over all of its levels."""
+        """Positions in the draw of the tasks to hint: ``share * n`` of each domain's ``n``, over all
+        of its levels, rounded at random (up with the chance of its fraction). Why at random: a
+        domain drawn once or twice a step (8 prompts over 8 domains) would otherwise see a share
+        under a half rounded to no hint at all, and its hints withdrawn at its first success."""
         positions: dict[str, list[int]] = {}
         index = 0
         for name, chosen in slots:
@@ -67,10 +70,13 @@ class TaskSource:
             index += len(chosen)
         hinted: set[int] = set()
         for name, found in positions.items():
-            share = min(1.0, max(0.0, float(hints.get(name, 0.0))))
-            k = math.floor(share * len(found) + 0.5)
+            expected = min(1.0, max(0.0, float(hints.get(name, 0.0)))) * len(found)
+            rng = random.Random(f"hints/{self.seed}/{step}/{name}")
+            k = math.floor(expected)
+            if expected > k:  # a whole count draws nothing here, so its tasks are those it always drew
+                k += rng.random() < expected - k
             if k > 0:
-                hinted.update(random.Random(f"hints/{self.seed}/{step}/{name}").sample(found, k))
+                hinted.update(rng.sample(found, k))
         return hinted
 
     def _drawn(self, name: str, task: Task, step: int) -> Task:

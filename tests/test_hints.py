@@ -207,6 +207,19 @@ def test_a_draw_hints_its_share_of_each_domain(share, expected) -> None:
     assert not hinted_by_domain(cur.draw(plan.counts))
 
 
+def test_a_share_below_one_task_is_hinted_that_often_on_average() -> None:
+    # one calculator task a step at a share of 0.37: rounding would never hint it
+    cur = curriculum(0.5)
+    counts = {("tool_calculator", 1): 1}
+    hinted = [hinted_by_domain(cur.tasks.draw(counts, step=step, hints={"tool_calculator": 0.37}))["tool_calculator"]
+              for step in range(1, 401)]
+    assert set(hinted) == {0, 1}
+    assert abs(sum(hinted) / len(hinted) - 0.37) < 0.07  # binomial sd over 400 steps: 0.024
+    again = [hinted_by_domain(cur.tasks.draw(counts, step=step, hints={"tool_calculator": 0.37}))["tool_calculator"]
+             for step in range(1, 401)]
+    assert again == hinted  # seeded by (seed, step, domain): a rebuilt run hints the same steps
+
+
 def test_hints_off_draws_exactly_what_it_drew_before() -> None:
     off, zero_share = curriculum(0.5, hint_below=0.0), curriculum(0.0)
     counts = off.plan(1).counts
