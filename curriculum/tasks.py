@@ -73,7 +73,7 @@ class TaskSource:
             expected = min(1.0, max(0.0, float(hints.get(name, 0.0)))) * len(found)
             rng = random.Random(f"hints/{self.seed}/{step}/{name}")
             k = math.floor(expected)
-            if expected > k:  # a whole count draws nothing here, so its tasks are those it always drew
+            if expected > k:  # an exact count draws no number: it picks the tasks it picked before random rounding
                 k += rng.random() < expected - k
             if k > 0:
                 hinted.update(rng.sample(found, k))
