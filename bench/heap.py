@@ -1,11 +1,11 @@
-"""Peak memory of the real-model job under three ways of handing freed memory back, side by side.
+"""Peak memory of the real-model job under its memory settings, side by side.
 
 Each row is a process running the SmolLM2 preset (``palestra-train +experiment=smollm2``: all eight
 domains, tool episodes, refills, evaluation before and after) for ``--steps`` GRPO steps at the
 arithmetic this CPU gets (``model.dtype=auto``):
 
-- ``glibc default``: glibc's own mmap threshold, which grows to 32 MB (trainer/runtime.py says why
-  the resident set then grows with the steps);
+- ``glibc default``: every setting off (the preset turns trim and checkpointing on), glibc's own
+  mmap threshold, which grows to 32 MB (trainer/runtime.py says why the resident set then grows);
 - ``threshold``: a fixed ``trainer.system.malloc_mmap_threshold_kb`` (``--threshold-kb``);
 - ``trim``: ``trainer.system.trim_heap``, free heap pages handed back after each phase of a step;
 - ``checkpointing``: ``trim`` with ``model.gradient_checkpointing``, for what the update itself holds.
@@ -33,13 +33,18 @@ from bench.real_model import print_table, ratios, run_palestra, summary  # noqa:
 from trainer.runtime import cpu_bf16  # noqa: E402
 
 
+def settings(threshold_kb: int | None = None, trim: bool = False, checkpointing: bool = False) -> list[str]:
+    """Every memory setting spelled out, so that a row measures what it names whatever the preset sets."""
+    return [f"trainer.system.malloc_mmap_threshold_kb={'null' if threshold_kb is None else threshold_kb}",
+            f"trainer.system.trim_heap={str(trim).lower()}", f"model.gradient_checkpointing={str(checkpointing).lower()}"]
+
+
 def candidates(threshold_kb: int) -> dict[str, tuple[str, list[str]]]:
     """Row key -> (label, overrides)."""
-    return {"default": ("glibc default", ["trainer.system.malloc_mmap_threshold_kb=null"]),
-            "threshold": (f"{threshold_kb} KB", [f"trainer.system.malloc_mmap_threshold_kb={threshold_kb}"]),
-            "trim": ("trim", ["trainer.system.malloc_mmap_threshold_kb=null", "trainer.system.trim_heap=true"]),
-            "checkpointing": ("trim, checkpointing", ["trainer.system.malloc_mmap_threshold_kb=null",
-                                                      "trainer.system.trim_heap=true", "model.gradient_checkpointing=true"])}
+    return {"default": ("glibc default", settings()),
+            "threshold": (f"{threshold_kb} KB", settings(threshold_kb=threshold_kb)),
+            "trim": ("trim", settings(trim=True)),
+            "checkpointing": ("trim, checkpointing", settings(trim=True, checkpointing=True))}
 
 
 def main() -> None:

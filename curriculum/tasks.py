@@ -4,9 +4,9 @@ handed to its domain's ``drawn`` with the step and how often the task was drawn 
 for the domains that ask, such as hidden code tests rotated by epoch).
 
 With hint shares (the plan's ``hints``, from ``cold_start``), ``share * n`` of a domain's ``n``
-tasks in a training draw are put in their hinted form (``Domain.hinted``), rounded up or down at
-random so that it holds on average, the count and the tasks drawn by a generator seeded by (seed,
-step, domain); a task the domain has no hint for stays plain. The
+tasks in a training draw, rounded up or down at random, are put in their hinted form
+(``Domain.hinted``); the rounding and the tasks come from a generator seeded by (seed, step,
+domain), and a task the domain has no hint for stays plain. The
 hint comes before ``drawn``: a hinted task is a task of its own (its id differs), counted, rotated
 and replayed as one. A draw without a step (held-out sets, the SFT blend) never carries hints."""
 from __future__ import annotations
