@@ -201,6 +201,9 @@ class ColdStartConfig(_Strict):
                                                           "a hint; 0: no hints")
     hint_share: float = Field(0.5, ge=0, le=1, description="share of a domain's tasks hinted at zero success, "
                                                           "falling to 0 at hint_below")
+    hint_form: Literal["words", "lead"] = Field("words", description="how a hint is shown: words after the "
+                                                "question, or (tool episodes) the first call written as the "
+                                                "assistant's first turn for half of each group, and trained on")
 
 
 # -- store -----------------------------------------------------------------------------------------

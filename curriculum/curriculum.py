@@ -66,7 +66,8 @@ class Curriculum:
         self.run_id = self.scheduler.run_id  # the one given, or the run the scheduler started
         self.selector = (PromptSelector(selection, seed=seed, store=store, run_id=self.run_id)
                          if selection is not None else None)
-        self.tasks = TaskSource(self.domains, set(heldout_ids), seed, selector=self.selector)
+        self.tasks = TaskSource(self.domains, set(heldout_ids), seed, selector=self.selector,
+                                hint_form=self.scheduler.cold_start_cfg.hint_form)
 
     # -- the run ----------------------------------------------------------------------------------
     @classmethod

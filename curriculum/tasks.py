@@ -5,7 +5,8 @@ for the domains that ask, such as hidden code tests rotated by epoch).
 
 With hint shares (the plan's ``hints``, from ``cold_start``), ``share * n`` of a domain's ``n``
 tasks in a training draw, rounded up or down at random, are put in their hinted form
-(``Domain.hinted``); the rounding and the tasks come from a generator seeded by (seed, step,
+(``Domain.hinted``, in the ``hint_form`` asked for: words, or a lead the trainer writes for half of
+each group); the rounding and the tasks come from a generator seeded by (seed, step,
 domain), and a task the domain has no hint for stays plain. The
 hint comes before ``drawn``: a hinted task is a task of its own (its id differs), counted, rotated
 and replayed as one. A draw without a step (held-out sets, the SFT blend) never carries hints."""
@@ -22,8 +23,8 @@ from domains.api import Domain, Task
 
 class TaskSource:
     def __init__(self, domains: dict[str, Domain], heldout_ids: set[str], seed: int,
-                 selector: PromptSelector | None = None) -> None:
-        self.domains = domains
+                 selector: PromptSelector | None = None, hint_form: str = "words") -> None:
+        self.domains, self.hint_form = domains, hint_form
         self.heldout_ids = heldout_ids
         self.rng, self.seed = random.Random(f"train/{seed}"), seed
         self.selector = selector
@@ -53,7 +54,7 @@ class TaskSource:
         for name, chosen in slots:
             for task in chosen:
                 if len(tasks) in hinted:
-                    task = self.domains[name].hinted(task) or task
+                    task = self.domains[name].hinted(task, self.hint_form) or task
                 tasks.append(self._drawn(name, task, step))
         return tasks
 

@@ -184,8 +184,25 @@ class Domain:
         rarely to learn (``cold_start.hint_below``); held-out evaluation never shows one."""
         return None
 
-    def hinted(self, task: Task) -> Task | None:
-        """``task`` with its hint shown (``with_hint``); None when ``hint`` gives none."""
+    def lead(self, task: Task) -> str | None:
+        """The start of a solution written as the assistant's own first turn, or None (the default).
+
+        Only an episode (``multi_turn``) can be led: a tool domain gives its first call, which the
+        environment answers before the model takes over. Unlike a hint in words, a lead is trained
+        on: written for half of a group's members (``with_lead``), it is a choice the group's
+        advantages can favour when the led members do better than those left to find it."""
+        return None
+
+    def hinted(self, task: Task, form: str = "words") -> Task | None:
+        """``task`` with its hint shown: in words after the question (``with_hint``), or with
+        ``form="lead"`` as a lead (``with_lead``) where the domain has one and as words where it has
+        none; None when the domain gives neither."""
+        if form == "lead":
+            first = self.lead(task)
+            if first is not None and first.strip():
+                return with_lead(task, first)
+        elif form != "words":
+            raise ValueError(f"unknown hint form {form!r}: 'words' or 'lead'")
         text = self.hint(task)
         if text is None or not text.strip():
             return None
@@ -316,6 +333,21 @@ def with_hint(task: Task, text: str, separator: str = "\n") -> Task:
     last["content"] = f"{last['content'].rstrip()}{separator}{HINT_LABEL} {text}"
     return Task(domain=task.domain, level=task.level, prompt=prompt, payload=task.payload,
                 meta={**task.meta, "hint": text, "unhinted_id": task.id})
+
+
+def with_lead(task: Task, text: str) -> Task:
+    """``task`` led by ``text``: the same prompt and payload, with ``meta["lead"]`` the assistant's
+    first turn that the trainer writes for half of each group's members (``Domain.lead``). ``meta``
+    gains ``hint`` and ``unhinted_id`` as ``with_hint`` gives them, and the id differs from the
+    plain task's, as a hinted task's does."""
+    text = text.strip()
+    if not text:
+        raise ValueError(f"task {task.id}: an empty lead")
+    if task.meta.get("hint"):
+        raise ValueError(f"task {task.id} already carries a hint")
+    return Task(domain=task.domain, level=task.level, prompt=task.prompt, payload=task.payload,
+                meta={**task.meta, "hint": text, "lead": text, "unhinted_id": task.id},
+                id=stable_hash(task.id, "lead", text))
 
 
 def exchange(question: str, answer: str) -> Messages:

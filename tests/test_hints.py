@@ -2,6 +2,7 @@
 of a training draw carry one, and that held-out evaluation never does."""
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections import Counter
@@ -174,16 +175,44 @@ def test_the_hinted_code_task_verifies_the_reference_as_the_plain_one(base) -> N
         assert (with_it.reward, with_it.correct, with_it.status) == (plain.reward, plain.correct, Status.OK)
 
 
+@pytest.mark.parametrize("base", TOOLS, ids=lambda d: d.name)
+def test_a_tool_task_led_by_its_first_call_keeps_its_prompt_and_verifies_as_before(base) -> None:
+    domain = styled(base, "chat")
+    led_any = False
+    for task in tasks_of(domain, 2):
+        reference = domain.reference(task)
+        first = json.loads(reference)[0]["content"]
+        led = domain.hinted(task, "lead")
+        if not first.startswith("<tool_call>"):
+            assert led is None  # a task solved without a call has neither a lead nor a hint
+            continue
+        led_any = True
+        assert led.meta["lead"] == first == domain.lead(task)
+        assert led.meta["hint"] == first and led.meta["unhinted_id"] == task.id != led.id
+        assert (led.prompt, led.payload) == (task.prompt, task.payload)  # nothing is said: the trainer writes it
+        plain, with_it = domain.verify(task, reference), domain.verify(led, reference)
+        assert (with_it.reward, with_it.correct) == (plain.reward, plain.correct) == (1.0, True)
+    assert led_any
+
+
+def test_a_domain_without_a_lead_shows_its_hint_in_words_and_an_unknown_form_fails() -> None:
+    task = ARITHMETIC.sample(2, 1, random.Random(3))[0]
+    assert ARITHMETIC.lead(task) is None
+    assert ARITHMETIC.hinted(task, "lead") == ARITHMETIC.hinted(task) is not None
+    with pytest.raises(ValueError, match="unknown hint form 'prefix'"):
+        ARITHMETIC.hinted(task, "prefix")
+
+
 # -- the curriculum's draw -------------------------------------------------------------------------
 DOMAINS = {d.name: d for d in (TOOL_CALCULATOR, CODE_FUNCTIONS, LINEAR_EQUATIONS)}  # a hint for every level-1 task
 
 
 def curriculum(hint_share: float, hint_below: float = 0.3, prompts: int = 24, seed: int = 0,
-               heldout_ids=()) -> Curriculum:
+               heldout_ids=(), hint_form: str = "words") -> Curriculum:
     return Curriculum(DOMAINS, policy=parse_policy({"type": "uniform"}),
                       difficulty=parse_difficulty({"type": "fixed"}), prompts_per_step=prompts, seed=seed,
                       heldout_ids=heldout_ids,
-                      cold_start=ColdStartConfig(hint_below=hint_below, hint_share=hint_share))
+                      cold_start=ColdStartConfig(hint_below=hint_below, hint_share=hint_share, hint_form=hint_form))
 
 
 def hinted_by_domain(tasks: list[Task]) -> Counter:
@@ -218,6 +247,18 @@ def test_a_share_below_one_task_is_hinted_that_often_on_average() -> None:
     again = [hinted_by_domain(cur.tasks.draw(counts, step=step, hints={"tool_calculator": 0.37}))["tool_calculator"]
              for step in range(1, 401)]
     assert again == hinted  # seeded by (seed, step, domain): a rebuilt run hints the same steps
+
+
+def test_a_draw_in_the_lead_form_leads_the_tool_tasks_and_hints_the_others_in_words() -> None:
+    words, leads = curriculum(1.0), curriculum(1.0, hint_form="lead")
+    counts = words.plan(1).counts
+    worded, led = words.draw(counts, step=1), leads.draw(counts, step=1)
+    assert [t.meta["unhinted_id"] for t in worded] == [t.meta["unhinted_id"] for t in led]  # the same tasks
+    for before, after in zip(worded, led):
+        if after.domain == "tool_calculator":
+            assert after.meta["lead"] == TOOL_CALCULATOR.lead(after) and after.prompt != before.prompt
+        else:
+            assert "lead" not in after.meta and after == before
 
 
 def test_hints_off_draws_exactly_what_it_drew_before() -> None:

@@ -11,7 +11,7 @@ from trainer.models.loading import encode_prompt, load_model, load_tokenizer
 from trainer.models.tiny_model import build_tiny_model
 from trainer.update.supervised import reference_pairs, supervised_loss
 from trainer.sampling.decode import CapturedSampler
-from trainer.sampling.episodes import run_episodes, tool_message_tokens, transcript_tokens
+from trainer.sampling.episodes import group_rows, run_episodes, tool_message_tokens, transcript_tokens
 from trainer.sampling.rollout import as_ids, assemble, left_pad
 
 
@@ -93,6 +93,30 @@ def test_a_kept_cache_plays_a_batch_of_episodes_as_encoding_them_again_does(setu
     assert max(turns) >= 2 and min(turns) < max(turns)  # several turns, and episodes of unequal length
     assert kept_texts == anew_texts
     assert torch.equal(kept.sequences, anew.sequences) and torch.equal(kept.completion_mask, anew.completion_mask)
+
+
+def test_half_of_a_led_group_starts_with_the_lead_which_the_tool_answers_and_the_update_trains(setup):
+    model, tok, domains = setup
+    calculator = domains["tool_calculator"]
+    task = calculator.sample(3, 1, random.Random(9))[0]  # two calls, then the answer
+    led = calculator.hinted(task, "lead")
+    rows = group_rows([led], 4)
+    assert [bool(r.meta.get("lead")) for r in rows] == [True, True, False, False]
+    assert {r.id for r in rows} == {led.id} and {r.prompt == task.prompt for r in rows} == {True}
+    assert [bool(r.meta.get("lead")) for r in group_rows([led, task], 3)] == [True, False, False] + [False] * 3
+    rollout, texts = run_episodes(model, tok, rows, domains, max_new_tokens=40, max_total_tokens=200, temperature=0.0)
+    reference = json.loads(calculator.reference(task))
+    assert json.loads(texts[0])[:2] == reference[:2]  # the lead, then the environment's real answer to it
+    assert texts[1] == texts[0]  # greedy: both led members go on alike
+    _, plain = run_episodes(model, tok, rows[2:], domains, max_new_tokens=40, max_total_tokens=200, temperature=0.0)
+    assert texts[2:] == plain  # the other half plays the task as it is, unled
+    lead = tok(led.meta["lead"], add_special_tokens=False)["input_ids"]
+    tokens, mask = rollout.completion_tokens[0].tolist(), rollout.completion_mask[0].tolist()
+    assert tokens[:len(lead)] == lead and all(mask[:len(lead)])  # trained on, as the policy's own turn
+    assert mask[len(lead)] == 0 and reference[1]["content"] in _masked_text(tok, tokens, mask, keep=0)
+    # a lead longer than the episode's budget is cut there and ends the episode
+    cut, cut_texts = run_episodes(model, tok, [led], domains, max_new_tokens=40, max_total_tokens=5, temperature=0.0)
+    assert cut.truncated.tolist() == [True] and len(json.loads(cut_texts[0])) == 1
 
 
 def _scripted_sampler(tokenizer, scripts: dict[tuple[int, ...], list[str]]):

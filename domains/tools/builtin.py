@@ -67,12 +67,17 @@ class ProceduralToolDomain(ToolDomain):
     def _draw(self, level: int, rng: random.Random) -> Task:
         raise NotImplementedError(f"domain {self.name!r} must implement _draw()")
 
-    def hint(self, task: Task) -> str | None:
+    def lead(self, task: Task) -> str | None:
         """The first call of the reference transcript, written exactly as the reference (and the
         chat prompt's solved example) writes calls; the tool's answer, and so the final answer,
         the model still has to get by making it. None for a task solved without a call."""
         first = next(iter(task.payload.get("reference_turns", [])), "")
-        if not first.startswith(OPEN):
+        return first if first.startswith(OPEN) else None
+
+    def hint(self, task: Task) -> str | None:
+        """The lead (the first call) in words after the question."""
+        first = self.lead(task)
+        if first is None:
             return None
         return first if self.config.prompt_style != "chat" else f"make this call first: {first}"
 

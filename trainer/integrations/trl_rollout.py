@@ -49,7 +49,7 @@ import torch
 from domains.api import Domain, Task
 from trainer.config import SamplingConfig
 from trainer.sampling.batch import chunk_seed, generation_chunks
-from trainer.sampling.episodes import by_rollout, sample_rows
+from trainer.sampling.episodes import by_rollout, group_rows, sample_rows
 from trainer.sampling.rollout import Rollout, Sampler, generate
 from trainer.update.logprobs import sequence_logprobs
 
@@ -100,7 +100,7 @@ class PalestraRollout:
         self._sampled &= {step for step, _ in handed_out}  # recorded steps come back no more
         n = len(prompts)
         for step, tasks in handed_out:
-            rows = [task for task in tasks for _ in range(self.group_size)]
+            rows = group_rows(tasks, self.group_size)
             share = rows[rank * n:(rank + 1) * n]
             if step not in self._sampled and len(rows) == n * processes and [t.prompt for t in share] == prompts:
                 self._sampled.add(step)

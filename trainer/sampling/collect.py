@@ -24,7 +24,7 @@ from trainer.config import TrainerConfig
 from trainer.distributed import SharedCurriculum, World
 from trainer.sampling.batch import (StepBatch, chunk_seed, concat, generation_chunks, planned_first, rollout_on_cpu,
                                     shrink_counts, varied_groups)
-from trainer.sampling.episodes import by_rollout, sample_rows
+from trainer.sampling.episodes import by_rollout, group_rows, sample_rows
 from trainer.sampling.rollout import Sampler
 
 
@@ -110,7 +110,7 @@ class RolloutCollector:
         start = time.perf_counter()
         self.model.eval()
         for first, chunk in generation_chunks(tasks[lo:hi], per_chunk, self.domains):
-            rows = [task for task in chunk for _ in range(t.group_size)]
+            rows = group_rows(chunk, t.group_size)
             noise = torch.Generator(device=self.device).manual_seed(chunk_seed(self.seed, *seed_key, lo + first))
             with self.autocast():
                 rollout, texts = sample_rows(

@@ -65,6 +65,9 @@ def run_episodes(
     envs = [domains[t.domain].environment(t) for t in tasks]
     stop = stop_text(tokenizer, end) if end else None
     eos = end_token_ids(model, tokenizer)
+    for episode, env in zip(episodes, envs):
+        if episode.task.meta.get("lead"):
+            _lead(episode, env, episode.task.meta["lead"], tokenizer, max_total_tokens, eos)
     carry = keep_cache and sampler is generate
     context, played = None, []  # the rows the context holds: the episodes of the last turn
     while True:
@@ -89,18 +92,36 @@ def run_episodes(
 
 def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, max_total_tokens: int,
              ends: tuple[int, ...]) -> None:
+    """Take the sampled turn of ``row`` into the episode, then let the environment answer it."""
     room = max_total_tokens - len(ep.tokens)
     over = length > room  # the turn ran past this episode's own token budget: cut it there
     chosen = turn.completion_tokens[row, :min(length, room)].tolist()
+    # the behaviour log-probs of the policy's own tokens; the tool's get 0 (below)
+    logprobs = turn.logprobs[row, :len(chosen)].tolist() if turn.logprobs is not None else []
+    text = tokenizer.decode(chosen if over else turn.completion_ids[row], skip_special_tokens=False)
+    _turn(ep, env, chosen, logprobs, text, over or bool(turn.truncated[row]), tokenizer, max_total_tokens, ends)
+
+
+def _lead(ep: Episode, env, text: str, tokenizer, max_total_tokens: int, ends: tuple[int, ...]) -> None:
+    """Write ``text`` as the episode's first assistant turn (a led member of a group). Its tokens
+    count as the policy's, so the update can raise them where led members beat the others; their
+    behaviour log-prob is recorded as 0 (probability 1: the writer, not the policy, chose them)."""
+    tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+    chosen = tokens[:max_total_tokens]
+    _turn(ep, env, chosen, [0.0] * len(chosen), text, len(chosen) < len(tokens), tokenizer, max_total_tokens, ends)
+
+
+def _turn(ep: Episode, env, chosen: list[int], logprobs: list[float], text: str, cut: bool, tokenizer,
+          max_total_tokens: int, ends: tuple[int, ...]) -> None:
+    """An assistant turn (``chosen``, decoded as ``text``) into the episode, and the environment's
+    answer after it; ``cut``: the turn was cut at a token budget, which ends the episode."""
     ep.tokens += chosen
     ep.policy_mask += [1] * len(chosen)
-    if turn.logprobs is not None:  # the behaviour log-probs of the policy's own tokens; the tool's get 0 below
-        ep.logprobs += turn.logprobs[row, :len(chosen)].tolist()
-    text = tokenizer.decode(chosen if over else turn.completion_ids[row], skip_special_tokens=False)
+    ep.logprobs += logprobs
     ep.messages.append({"role": "assistant", "content": text})
     ep.turns += 1
     result = env.step(text)
-    if over or bool(turn.truncated[row]) or len(ep.tokens) >= max_total_tokens:
+    if cut or len(ep.tokens) >= max_total_tokens:
         ep.done, ep.truncated = True, True
         return
     if result.done or result.observation is None or ep.turns >= ep.max_turns:
@@ -158,6 +179,19 @@ def sample_rows(
                        eos_id=end_token_ids(model, tokenizer), pad_id=tokenizer.pad_token_id, temperature=temperature,
                        top_p=top_p, generator=generator, **(dict(with_logprobs=True) if with_logprobs else {}))
     return rollout, tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=False)
+
+
+def group_rows(tasks: list[Task], group_size: int) -> list[Task]:
+    """``group_size`` rows per task, a group's rows together. A led task (``meta["lead"]``) keeps its
+    lead on the first half of its rows (at least one) and is played plain on the rest: a group all
+    led would train its lead on advantages that sum to zero, so only this contrast can teach it."""
+    rows = []
+    for task in tasks:
+        led = max(1, group_size // 2) if task.meta.get("lead") else group_size
+        plain = Task(domain=task.domain, level=task.level, prompt=task.prompt, payload=task.payload,
+                     meta={k: v for k, v in task.meta.items() if k != "lead"}, id=task.id) if led < group_size else task
+        rows += [task] * led + [plain] * (group_size - led)
+    return rows
 
 
 def by_rollout(tasks: list[Task], domains: dict[str, Domain]) -> list[list[Task]]:
