@@ -25,12 +25,14 @@ CellCounts = StepCounts
 
 def cell_counts(outcomes: "list[Outcome] | GroupArrays", table: LevelTable) -> CellCounts:
     """Per-cell sums of one step's outcomes; a group is the outcomes sharing ``group``, counted in
-    the cell of its first completion, and has zero variance when its rewards all agree."""
+    the cell of its first completion, and has zero variance when its rewards all agree. Outcomes a
+    lead wrote (``Outcome.led``) are left out: they say what the domain does when led, not alone."""
+    if isinstance(outcomes, GroupArrays):
+        return _group_cell_counts(outcomes, table) if len(outcomes) else CellCounts.zeros(table.n_cells)
+    outcomes = [o for o in outcomes if not o.led]
     n_cells, n = table.n_cells, len(outcomes)
     if n == 0:
         return CellCounts.zeros(n_cells)
-    if isinstance(outcomes, GroupArrays):
-        return _group_cell_counts(outcomes, table)
     cell = np.fromiter((cell_of(table, o) for o in outcomes), np.int64, n)
     reward = np.fromiter((o.reward for o in outcomes), float, n)
     correct = np.fromiter((o.correct for o in outcomes), float, n)

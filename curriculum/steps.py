@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from curriculum.types import Outcome, Plan, rewards_agree
-from domains.api import FAILURE_STATUSES, Domain, Status, Task, stable_hash
+from domains.api import FAILURE_STATUSES, Domain, Status, Task, led_members, stable_hash
 from domains.verify.pool import Verdict
 
 
@@ -34,12 +34,13 @@ def outcomes(groups: Sequence[Group], domains: dict[str, Domain]) -> list[Outcom
     for index, group in enumerate(groups):
         task = group.task
         prompt_hash, version = stable_hash(task.prompt), domains[task.domain].version
-        for text, verdict, advantage in zip(group.texts, group.verdicts, group.advantages):
+        led = led_members(task, len(group.texts))
+        for member, (text, verdict, advantage) in enumerate(zip(group.texts, group.verdicts, group.advantages)):
             rows.append(Outcome(
                 domain=task.domain, level=task.level, task_id=task.id, group=index,
                 reward=verdict.result.reward, correct=verdict.result.correct, status=verdict.result.status.value,
                 advantage=float(advantage), prompt_hash=prompt_hash, completion_hash=stable_hash(text),
-                latency_s=verdict.latency_s, completion=text, verifier_version=version,
+                latency_s=verdict.latency_s, completion=text, verifier_version=version, led=member < led,
             ))
     return rows
 

@@ -43,6 +43,9 @@ class Outcome:
     latency_s: float = 0.0
     completion: str = ""  # kept (compressed) for audit and replay
     verifier_version: str = ""
+    # written by the trainer's lead (a led group's first members, ``domains.api.led_members``):
+    # stored with the rest, left out of the statistics, which measure what the domain does unled
+    led: bool = False
 
 
 # Rewards closer than this are equal: a group of partial rewards whose float values differ in the

@@ -350,6 +350,13 @@ def with_lead(task: Task, text: str) -> Task:
                 id=stable_hash(task.id, "lead", text))
 
 
+def led_members(task: Task, group_size: int) -> int:
+    """How many of a group's members the trainer leads: the first half (at least one) of the group
+    of a task with a lead (``with_lead``), none of any other. A group all led would train its lead
+    on advantages that sum to zero: only the contrast with the unled half can favour it."""
+    return max(1, group_size // 2) if task.meta.get("lead") else 0
+
+
 def exchange(question: str, answer: str) -> Messages:
     """A question and its answer as chat messages: a worked example for ``Domain.prompt``."""
     return [*user_prompt(question), {"role": "assistant", "content": answer}]

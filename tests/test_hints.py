@@ -14,7 +14,7 @@ from curriculum.config import ColdStartConfig, parse_difficulty, parse_policy
 from curriculum.curriculum import Curriculum
 from curriculum.replay import as_drawn
 from curriculum.scheduler import Scheduler
-from curriculum.steps import Group, plan_metrics
+from curriculum.steps import Group, outcomes, plan_metrics
 from curriculum.types import Outcome
 from domains.api import HINT_LABEL, Domain, Status, Task, VerifyResult, with_hint
 from domains.code.generated import CODE_FUNCTIONS, CODE_LISTS, expression_head
@@ -317,6 +317,31 @@ def test_the_scheduler_hints_a_domain_at_zero_success_and_not_one_at_half() -> N
     assert hints["cold"] == pytest.approx(0.5) and hints["warm"] == 0.0
     assert np.all(Scheduler({"cold": (1,)}, parse_policy({"type": "uniform"}), parse_difficulty({"type": "fixed"}),
                             prompts_per_step=4).plan(0).hints == 0)  # off by default
+
+
+def test_what_a_lead_wrote_is_stored_but_not_counted_so_the_hint_stays_until_the_domain_succeeds_unled() -> None:
+    cur = curriculum(1.0, hint_form="lead")
+    plan = cur.plan(1)
+    tasks = cur.draw(plan.counts, step=1)
+    right, wrong = Verdict(VerifyResult(1.0, True, Status.OK), 0.0), Verdict(VerifyResult(0.0, False, Status.WRONG), 0.0)
+    # every led member right, every unled member (and every other domain) wrong
+    groups = [Group(t, ["a", "b", "c", "d"], [right, right, wrong, wrong] if t.meta.get("lead") else [wrong] * 4,
+                    [0.0] * 4) for t in tasks]
+    rows = outcomes(groups, DOMAINS)
+    led = [t for t in tasks if t.meta.get("lead")]
+    assert led and sum(o.led for o in rows) == 2 * len(led)  # the first half of each led group
+    assert [o.led for o in rows if o.task_id == led[0].id] == [True, True, False, False]
+    cur.record(1, groups)
+    hints = dict(zip(*[getattr(cur.scheduler.plan(2), key) for key in ("domains", "hints")]))
+    assert hints["tool_calculator"] == pytest.approx(1.0)  # still at zero success unled: still led
+    # the same successes from the unled members count, and the hints are withdrawn
+    other = curriculum(1.0, hint_form="lead")
+    other.plan(1)
+    flipped = [Group(g.task, g.texts, [wrong, wrong, right, right] if g.task.meta.get("lead") else g.verdicts, g.advantages)
+               for g in groups]
+    other.record(1, flipped)
+    hints = dict(zip(*[getattr(other.scheduler.plan(2), key) for key in ("domains", "hints")]))
+    assert hints["tool_calculator"] == 0.0
 
 
 def test_a_hinted_rotated_code_task_replays_as_it_was_drawn() -> None:

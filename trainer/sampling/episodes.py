@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from domains.api import Domain, Task
+from domains.api import Domain, Task, led_members
 from trainer.models.loading import encode_prompt, end_token_ids
 from trainer.sampling.rollout import Rollout, Sampler, assemble, generate, left_pad, stop_text
 
@@ -183,13 +183,15 @@ def sample_rows(
 
 def group_rows(tasks: list[Task], group_size: int) -> list[Task]:
     """``group_size`` rows per task, a group's rows together. A led task (``meta["lead"]``) keeps its
-    lead on the first half of its rows (at least one) and is played plain on the rest: a group all
-    led would train its lead on advantages that sum to zero, so only this contrast can teach it."""
+    lead on its first ``led_members`` rows and is played plain, under the same id, on the rest."""
     rows = []
     for task in tasks:
-        led = max(1, group_size // 2) if task.meta.get("lead") else group_size
+        led = led_members(task, group_size)
+        if not led:
+            rows += [task] * group_size
+            continue
         plain = Task(domain=task.domain, level=task.level, prompt=task.prompt, payload=task.payload,
-                     meta={k: v for k, v in task.meta.items() if k != "lead"}, id=task.id) if led < group_size else task
+                     meta={k: v for k, v in task.meta.items() if k != "lead"}, id=task.id)
         rows += [task] * led + [plain] * (group_size - led)
     return rows
 
