@@ -121,19 +121,28 @@ def format_error_examples(groups: Sequence[Group]) -> dict[str, str]:
 
 
 def _one_domain(groups: list[Group]) -> dict[str, float]:
-    results = [(g.task.level, v.result) for g in groups for v in g.verdicts]
+    """One domain's step metrics. Reward and success are the model's own, as the statistics count
+    them: a led group's led members (``led_members``) are left out, and their success is
+    ``led_success``; counts of completions, errors and calls take every completion."""
+    members = [(g.task.level, v.result, j < led_members(g.task, len(g.verdicts)))
+               for g in groups for j, v in enumerate(g.verdicts)]
+    results = [(level, r) for level, r, _ in members]
+    own = [(level, r) for level, r, led in members if not led]  # never empty: at most half a group is led
     statuses = Counter(r.status for _, r in results)
     stats = {
         "completions": len(results),
-        "reward": float(np.mean([r.reward for _, r in results])),
-        "success": float(np.mean([r.correct for _, r in results])),
+        "reward": float(np.mean([r.reward for _, r in own])),
+        "success": float(np.mean([r.correct for _, r in own])),
         "zero_var": float(np.mean([bool(rewards_agree(g.rewards)) for g in groups])),
         "errors": sum(statuses[s] for s in FAILURE_STATUSES),
         "format_errors": statuses[Status.FORMAT_ERROR],
         "unscored": sum(not r.scored for _, r in results),  # the verifier could not judge: no verdict
     }
-    for level in sorted({lv for lv, _ in results}):
-        stats[f"level{level}/success"] = float(np.mean([r.correct for lv, r in results if lv == level]))
+    for level in sorted({lv for lv, _ in own}):
+        stats[f"level{level}/success"] = float(np.mean([r.correct for lv, r in own if lv == level]))
+    led = [r.correct for _, r, is_led in members if is_led]
+    if led:
+        stats["led_success"] = float(np.mean(led))
     episodes = [r.details for _, r in results if "turns" in r.details]
     if episodes:  # tool domains: their verifier reports what it replayed
         calls = sum(d.get("calls", 0) for d in episodes)

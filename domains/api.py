@@ -197,12 +197,12 @@ class Domain:
         """``task`` with its hint shown: in words after the question (``with_hint``), or with
         ``form="lead"`` as a lead (``with_lead``) where the domain has one and as words where it has
         none; None when the domain gives neither."""
-        if form == "lead":
+        if form not in ("words", "lead"):
+            raise ValueError(f"unknown hint form {form!r}: 'words' or 'lead'")
+        if form == "lead" and self.multi_turn:  # only an episode's first turn can be written for the model
             first = self.lead(task)
             if first is not None and first.strip():
                 return with_lead(task, first)
-        elif form != "words":
-            raise ValueError(f"unknown hint form {form!r}: 'words' or 'lead'")
         text = self.hint(task)
         if text is None or not text.strip():
             return None
@@ -351,10 +351,11 @@ def with_lead(task: Task, text: str) -> Task:
 
 
 def led_members(task: Task, group_size: int) -> int:
-    """How many of a group's members the trainer leads: the first half (at least one) of the group
+    """How many of a group's members the trainer leads: the first half (rounded down) of the group
     of a task with a lead (``with_lead``), none of any other. A group all led would train its lead
-    on advantages that sum to zero: only the contrast with the unled half can favour it."""
-    return max(1, group_size // 2) if task.meta.get("lead") else 0
+    on advantages that sum to zero: only the contrast with the unled half can favour it, so a group
+    of one is not led at all."""
+    return group_size // 2 if task.meta.get("lead") else 0
 
 
 def exchange(question: str, answer: str) -> Messages:

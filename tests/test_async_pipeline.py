@@ -1,6 +1,7 @@
 """The async pipeline (trainer.system.pipeline=async): rollouts of step t+1 sampled during step t's
 update by the policy from before it, corrected in the loss by the behaviour log-probs."""
 import json
+import math
 import os
 import signal
 
@@ -121,6 +122,18 @@ def test_behaviour_gap_sums_the_log_ratio_over_counted_tokens_only():
     behaviour = torch.tensor([[-1.5, -1.0, 0.0]])
     total, squares, largest, n = behaviour_gap(old, behaviour, torch.tensor([[1, 1, 0]]))
     assert (total, squares, largest, n) == (pytest.approx(-0.5), pytest.approx(1.25), pytest.approx(1.0), 2)
+
+
+def test_a_written_token_with_no_behaviour_log_prob_weighs_one_and_does_not_count_as_lag():
+    # a lead the trainer wrote has NaN for its behaviour log-prob: the first token here
+    _, grad = _loss_and_grad(None)
+    written, written_grad = _loss_and_grad(torch.tensor([[float("nan"), math.log(0.25)]]))
+    assert torch.allclose(written_grad, grad * torch.tensor([[1.0, 2.0]]))
+    assert written.is_truncated_frac == 0.0 and not torch.isnan(written.loss)
+    old = torch.tensor([[-1.0, -2.0, -3.0]])
+    total, squares, largest, n = behaviour_gap(old, torch.tensor([[float("nan"), -1.0, float("nan")]]),
+                                               torch.tensor([[1, 1, 1]]))
+    assert (total, squares, largest, n) == (pytest.approx(-1.0), pytest.approx(1.0), pytest.approx(1.0), 1)
 
 
 def test_a_drifted_behaviour_policy_raises_an_alarm():

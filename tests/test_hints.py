@@ -331,6 +331,10 @@ def test_what_a_lead_wrote_is_stored_but_not_counted_so_the_hint_stays_until_the
     led = [t for t in tasks if t.meta.get("lead")]
     assert led and sum(o.led for o in rows) == 2 * len(led)  # the first half of each led group
     assert [o.led for o in rows if o.task_id == led[0].id] == [True, True, False, False]
+    metrics = plan_metrics(plan, groups)  # the step's metrics read as the statistics do
+    assert metrics["domain/tool_calculator/success"] == 0.0 and metrics["domain/tool_calculator/led_success"] == 1.0
+    assert metrics["domain/tool_calculator/completions"] == 4 * len(led)
+    assert "domain/linear_equations/led_success" not in metrics
     cur.record(1, groups)
     hints = dict(zip(*[getattr(cur.scheduler.plan(2), key) for key in ("domains", "hints")]))
     assert hints["tool_calculator"] == pytest.approx(1.0)  # still at zero success unled: still led

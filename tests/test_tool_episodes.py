@@ -107,16 +107,28 @@ def test_half_of_a_led_group_starts_with_the_lead_which_the_tool_answers_and_the
     rollout, texts = run_episodes(model, tok, rows, domains, max_new_tokens=40, max_total_tokens=200, temperature=0.0)
     reference = json.loads(calculator.reference(task))
     assert json.loads(texts[0])[:2] == reference[:2]  # the lead, then the environment's real answer to it
-    assert texts[1] == texts[0]  # greedy: both led members go on alike
-    _, plain = run_episodes(model, tok, rows[2:], domains, max_new_tokens=40, max_total_tokens=200, temperature=0.0)
-    assert texts[2:] == plain  # the other half plays the task as it is, unled
+    for text in texts[2:]:  # the other half plays the task as it is, unled
+        assert json.loads(text)[0]["content"] != led.meta["lead"]
+    _, plain = run_episodes(model, tok, [task, task], domains, max_new_tokens=40, max_total_tokens=200, temperature=0.0)
+    assert texts[2:] == plain
     lead = tok(led.meta["lead"], add_special_tokens=False)["input_ids"]
     tokens, mask = rollout.completion_tokens[0].tolist(), rollout.completion_mask[0].tolist()
     assert tokens[:len(lead)] == lead and all(mask[:len(lead)])  # trained on, as the policy's own turn
     assert mask[len(lead)] == 0 and reference[1]["content"] in _masked_text(tok, tokens, mask, keep=0)
-    # a lead longer than the episode's budget is cut there and ends the episode
+    # with the sampler's log-probs (the async pipeline): the written tokens have none (NaN), the sampled ones do
+    sampled, _ = run_episodes(model, tok, rows[1:3], domains, max_new_tokens=40, max_total_tokens=200,
+                              temperature=1.0, generator=torch.Generator().manual_seed(0), with_logprobs=True)
+    written = sampled.logprobs[0, :len(lead)]
+    assert torch.isnan(written).all() and not torch.isnan(sampled.logprobs[1]).any()
+    chosen = sampled.completion_mask.bool()
+    chosen[0, :len(lead)] = False
+    assert (sampled.logprobs[chosen] < 0).all()  # every sampled token's own log-prob
+    # a lead longer than the episode's budget is cut there, as a sampled turn is, and ends the episode
     cut, cut_texts = run_episodes(model, tok, [led], domains, max_new_tokens=40, max_total_tokens=5, temperature=0.0)
-    assert cut.truncated.tolist() == [True] and len(json.loads(cut_texts[0])) == 1
+    assert cut.truncated.tolist() == [True] and json.loads(cut_texts[0]) == [
+        {"role": "assistant", "content": tok.decode(lead[:5], skip_special_tokens=False)}]
+    # a group of one cannot contrast: it is played unled
+    assert [bool(r.meta.get("lead")) for r in group_rows([led], 1)] == [False]
 
 
 def _scripted_sampler(tokenizer, scripts: dict[tuple[int, ...], list[str]]):

@@ -40,6 +40,10 @@ def evaluate(
     ``samples`` > 1 the share of that many completions that succeed (sampled pass@1, the way RLVR
     papers report it at a temperature). ``summarise`` turns them into rates and
     ``paired_gain_interval`` compares two evaluations of the same tasks."""
+    hinted = [task.id for task in tasks if task.meta.get("hint")]
+    if hinted:  # a hint (or a lead) would score the help, not the model
+        raise ValueError(f"held-out evaluation got {len(hinted)} hinted tasks (the first: {hinted[0]}); "
+                         "it scores plain tasks only")
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     futures, ordered = [], []
     draws = [task for task in tasks for _ in range(samples)]

@@ -8,6 +8,7 @@ after the prompt, as JSON — is what the verifier sees; it re-executes the call
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -105,10 +106,14 @@ def _advance(ep: Episode, env, turn: Rollout, row: int, length: int, tokenizer, 
 def _lead(ep: Episode, env, text: str, tokenizer, max_total_tokens: int, ends: tuple[int, ...]) -> None:
     """Write ``text`` as the episode's first assistant turn (a led member of a group). Its tokens
     count as the policy's, so the update can raise them where led members beat the others; their
-    behaviour log-prob is recorded as 0 (probability 1: the writer, not the policy, chose them)."""
+    behaviour log-prob is NaN, no sampler's (the async update gives them weight 1). A lead longer
+    than the episode's budget is cut there, as a sampled turn is, and ends the episode."""
     tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
     chosen = tokens[:max_total_tokens]
-    _turn(ep, env, chosen, [0.0] * len(chosen), text, len(chosen) < len(tokens), tokenizer, max_total_tokens, ends)
+    cut = len(chosen) < len(tokens)
+    if cut:
+        text = tokenizer.decode(chosen, skip_special_tokens=False)
+    _turn(ep, env, chosen, [math.nan] * len(chosen), text, cut, tokenizer, max_total_tokens, ends)
 
 
 def _turn(ep: Episode, env, chosen: list[int], logprobs: list[float], text: str, cut: bool, tokenizer,
@@ -186,10 +191,10 @@ def group_rows(tasks: list[Task], group_size: int) -> list[Task]:
     lead on its first ``led_members`` rows and is played plain, under the same id, on the rest."""
     rows = []
     for task in tasks:
-        led = led_members(task, group_size)
-        if not led:
+        if not task.meta.get("lead"):
             rows += [task] * group_size
             continue
+        led = led_members(task, group_size)
         plain = Task(domain=task.domain, level=task.level, prompt=task.prompt, payload=task.payload,
                      meta={k: v for k, v in task.meta.items() if k != "lead"}, id=task.id)
         rows += [task] * led + [plain] * (group_size - led)

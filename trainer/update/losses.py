@@ -19,7 +19,9 @@ the sampler lagged, and a token whose stale ratio already lies outside [1-eps, 1
 gradient at all, so staleness would silently throw away learning signal; here the clip bounds this
 update alone and the lag is corrected by a weight whose variance the cap C bounds. It costs nothing
 here: with mu > 1 pi_old is computed anyway, and with mu = 1 it is the current policy, detached.
-With on-policy rollouts pi_old = pi_behaviour, w = 1, and no weight is applied at all.
+With on-policy rollouts pi_old = pi_behaviour, w = 1, and no weight is applied at all. A token no
+sampler chose (a lead the trainer wrote for a cold tool domain) has no pi_behaviour: its recorded
+log-prob is NaN, its weight 1, and it is left out of the reported lag.
 """
 from __future__ import annotations
 
@@ -106,7 +108,8 @@ def grpo_loss(
     per_token = -torch.min(unclipped, clipped)
     truncated_frac = 0.0
     if behaviour_logp is not None:
-        weight = torch.exp(old_logp.detach() - behaviour_logp)
+        sampled = ~torch.isnan(behaviour_logp)  # NaN: written, not sampled (a lead): weight 1
+        weight = torch.where(sampled, torch.exp(old_logp.detach() - behaviour_logp), torch.ones_like(old_logp))
         truncated_frac = _masked_mean((weight > is_cap).to(logp.dtype), mask)
         per_token = weight.clamp(max=is_cap) * per_token
     policy_term = per_token.detach()  # the (weighted) clipped objective alone, before KL and entropy
@@ -141,7 +144,7 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
 def behaviour_gap(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float, int]:
     """Sums over the counted tokens of d = log(pi_old / pi_behaviour): (sum d, sum d^2, max |d|, tokens),
     from which a step's spread of the importance log-ratio is reported (and alarmed on)."""
-    counted = mask.bool()
+    counted = mask.bool() & ~torch.isnan(behaviour_logp)  # a written token (NaN) did not lag
     d = (old_logp.detach() - behaviour_logp)[counted].double()
     if d.numel() == 0:
         return 0.0, 0.0, 0.0, 0
