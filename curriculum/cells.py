@@ -57,9 +57,14 @@ def _group_cell_counts(groups: GroupArrays, table: LevelTable) -> CellCounts:
     size = groups.reward.shape[1]
     cell = np.repeat(group_cell, size)
     reward = groups.reward.astype(float)
-    agree = spread_is_zero(reward.min(axis=1), reward.max(axis=1)).astype(float)
-    return _cell_sums(table.n_cells, cell, group_cell, groups.correct.astype(float).ravel(), reward.ravel(),
-                      np.abs(groups.advantage.astype(float)).ravel(), agree)
+    correct, abs_adv = groups.correct.astype(float), np.abs(groups.advantage.astype(float))
+    if groups.led is None:
+        agree = spread_is_zero(reward.min(axis=1), reward.max(axis=1)).astype(float)
+        return _cell_sums(table.n_cells, cell, group_cell, correct.ravel(), reward.ravel(), abs_adv.ravel(), agree)
+    own = np.arange(size)[None, :] >= np.asarray(groups.led)[:, None]  # [P, G] the members no lead wrote
+    agree = spread_is_zero(np.where(own, reward, np.inf).min(axis=1), np.where(own, reward, -np.inf).max(axis=1))
+    return _cell_sums(table.n_cells, cell[own.ravel()], group_cell, correct[own], reward[own], abs_adv[own],
+                      agree.astype(float))
 
 
 def _cell_sums(n_cells: int, cell: np.ndarray, group_cell: np.ndarray, correct: np.ndarray, reward: np.ndarray,

@@ -81,12 +81,15 @@ class GroupArrays:
     reward: np.ndarray  # [P, G]
     correct: np.ndarray  # [P, G] bool
     advantage: np.ndarray  # [P, G]
+    # [P] how many of each row's first members a lead wrote (``Outcome.led``); None: none were
+    led: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.reward.size
 
     def __iter__(self):
         rewards, correct, advantages = self.reward.tolist(), self.correct.tolist(), self.advantage.tolist()
+        led = [0] * len(self.domains) if self.led is None else self.led.tolist()
         for g, (domain, level, task) in enumerate(zip(self.domains, self.levels.tolist(), self.task_ids)):
-            for r, c, a in zip(rewards[g], correct[g], advantages[g]):
-                yield Outcome(domain, level, task, g, r, c, "ok" if c else "wrong", a)
+            for j, (r, c, a) in enumerate(zip(rewards[g], correct[g], advantages[g])):
+                yield Outcome(domain, level, task, g, r, c, "ok" if c else "wrong", a, led=j < led[g])

@@ -93,3 +93,24 @@ def test_group_arrays_sum_exactly_like_their_outcomes():
         np.testing.assert_array_equal(getattr(arrays, name), getattr(rows, name))  # bit for bit
     with pytest.raises(ValueError, match="unknown domain/level"):
         cell_counts(GroupArrays(["z"], np.array([1]), ["t"], reward[:1], reward[:1] > 0.5, centred[:1]), table)
+
+
+def test_members_a_lead_wrote_are_left_out_of_group_arrays_as_of_outcomes():
+    rng = np.random.default_rng(1)
+    table = LevelTable({"a": (1, 2), "b": (0,)})
+    reward = rng.choice([0.0, 1.0], size=(30, 4))
+    reward[:4, 2:] = 0.0  # led rows whose own members all fail: they agree once the lead's are left out
+    reward[:4, :2] = 1.0
+    led = np.where(np.arange(30) < 10, 2, 0)
+    centred = reward - reward.mean(axis=1, keepdims=True)
+    groups = GroupArrays(domains=["a" if g % 3 else "b" for g in range(30)], levels=np.array([1 if g % 3 else 0 for g in range(30)]),
+                         task_ids=[f"t{g}" for g in range(30)], reward=reward, correct=reward > 0.5,
+                         advantage=centred, led=led)
+    outcomes = list(groups)
+    assert sum(o.led for o in outcomes) == 20 and outcomes[0].led and outcomes[1].led and not outcomes[2].led
+    arrays, rows = cell_counts(groups, table), cell_counts(outcomes, table)
+    for name in ("attempts", "successes", "reward_sum", "abs_adv_sum", "zero_var_groups", "groups"):
+        np.testing.assert_array_equal(getattr(arrays, name), getattr(rows, name))
+    assert arrays.attempts.sum() == 120 - 20 and arrays.groups.sum() == 30
+    unled = GroupArrays(groups.domains, groups.levels, groups.task_ids, reward, reward > 0.5, centred)
+    assert cell_counts(unled, table).zero_var_groups.sum() < arrays.zero_var_groups.sum()  # the 4 rows above

@@ -24,6 +24,8 @@ class FittedDomain(_Strict):
     theta0: float = Field(description="starting skill")
     lr: float = Field(ge=0, description="theta gain per group at mean |A| = 1")
     slope: float = Field(gt=0, description="a_d")
+    lead_success: float = Field(0.0, ge=0, le=1, description="success of a member the trainer's lead wrote "
+                                "(0: the domain has no lead)")
 
 
 class ScenarioConfig(_Strict):
@@ -67,6 +69,9 @@ class ScenarioConfig(_Strict):
     refill_rounds: int = Field(0, ge=0, description="dynamic sampling rounds (the trainer's default is 2)")
     refill_from: Literal["plan", "dropped"] = Field("plan", description="refills in the plan's proportions, or "
                                                     "from the (domain, level) of each group left out")
+    # cold_start.hint_form=lead: the first half of a led group succeeds at least this often (every
+    # drawn domain; a fitted domain has its own). 0: no leads. Hints in words are not modelled
+    lead_success: float = Field(0.0, ge=0, le=1, description="success of a member the trainer's lead wrote")
     # domains fitted to a real run: their names, starting skills, rates and slopes replace the drawn
     # ones (the effects above are still drawn, so leave them off); `domains` must count them
     fitted: list[FittedDomain] = Field(default_factory=list)
@@ -107,6 +112,15 @@ class SimAppConfig(_Strict):
         if self.write_behind and self.store.url and is_in_memory_sqlite(self.store.url):
             raise ValueError("write_behind needs a file or server database, and store.url is in-memory SQLite "
                              "(which each thread sees apart)")
+        return self
+
+    @model_validator(mode="after")
+    def _leads_have_somewhere_to_go(self) -> "SimAppConfig":
+        cs, sc = self.cold_start, self.sim
+        has_lead = any(d.lead_success > 0 for d in sc.fitted) if sc.fitted else sc.lead_success > 0
+        if cs.hint_form == "lead" and cs.hint_below > 0 and not has_lead:
+            raise ValueError("cold_start.hint_form=lead leads nothing in this scenario: set sim.lead_success "
+                             "(or a fitted domain's lead_success)")
         return self
 
 

@@ -18,7 +18,11 @@ domains (``ScenarioConfig``):
   trainer sees high |A| and learns nothing from it;
 - prerequisites: learning is gated by σ(3·(θ_q − unlock_theta)) of a foundation domain q;
 - uneven sizes: a domain has n_d distinct prompts; reusing them yields less,
-  reuse_d = 1 / sqrt(1 + groups drawn / n_d).
+  reuse_d = 1 / sqrt(1 + groups drawn / n_d);
+- leads (``cold_start.hint_form=lead``): in a led group the first G//2 members, whose opening the
+  trainer wrote, succeed with probability max(p, lead_success_d). The group learns from all G
+  (the update trains on the written tokens), so the contrast between the halves moves θ even at
+  p ≈ 0; the scheduler is told only the other half, as the trainer tells it.
 
 A fitted scenario (``sim.fitted``, written by ``fit.py`` from a real run) sets each domain's name,
 θ0, lr and slope instead of drawing them.
@@ -56,6 +60,7 @@ class World:
     size: np.ndarray  # [D] distinct prompts (inf: unlimited)
     transfer: np.ndarray  # [D, D] float32, transfer[i, j]: gain of i per unit direct gain of j
     b: np.ndarray  # [L] level offsets
+    lead_success: np.ndarray  # [D] success of a led member (0: the domain has no lead)
     unlock_theta: float = 2.0  # prerequisite skill at which a locked domain learns at half speed
 
     @property
@@ -86,13 +91,15 @@ def build_world(cfg: ScenarioConfig, seed: int) -> World:
     forgets = rng.random(n) < cfg.forgetting_share
     forget[forgets] = rng.uniform(0.2, 1.0, forgets.sum()) * cfg.forgetting_rate
     slope = rng.uniform(cfg.slope_min, cfg.slope_max, n)
+    lead_success = np.full(n, cfg.lead_success)
     if cfg.fitted:  # drawn above all the same, so the other draws stay those of an unfitted world
         names = [d.name for d in cfg.fitted]
-        theta0, lr, slope = (np.array([getattr(d, key) for d in cfg.fitted], dtype=float)
-                             for key in ("theta0", "lr", "slope"))
+        theta0, lr, slope, lead_success = (np.array([getattr(d, key) for d in cfg.fitted], dtype=float)
+                                           for key in ("theta0", "lr", "slope", "lead_success"))
     return World(names=names, kind=kind, slope=slope, theta0=theta0, lr=lr, forget=forget,
                  prereq=_prerequisites(cfg, kind), size=_sizes(cfg, rng), transfer=_transfer(cfg, rng),
-                 b=cfg.level_step * np.arange(cfg.levels, dtype=float), unlock_theta=cfg.unlock_theta)
+                 b=cfg.level_step * np.arange(cfg.levels, dtype=float), lead_success=lead_success,
+                 unlock_theta=cfg.unlock_theta)
 
 
 def _draw_kinds(cfg: ScenarioConfig, rng: np.random.Generator) -> np.ndarray:
@@ -152,15 +159,16 @@ class StepOutcome:
     correct: np.ndarray  # [P, G] bool, the true outcome
     reward: np.ndarray  # [P, G] float, what the verifier reported (noise on noisy domains)
     advantage: np.ndarray  # [P, G] group advantages of the reported rewards
+    led: np.ndarray  # [P] how many of the row's first members a lead wrote
 
     def select(self, rows: np.ndarray) -> "StepOutcome":
         return StepOutcome(self.domain[rows], self.level[rows], self.correct[rows], self.reward[rows],
-                           self.advantage[rows])
+                           self.advantage[rows], self.led[rows])
 
     @staticmethod
     def concat(parts: list["StepOutcome"]) -> "StepOutcome":
         return StepOutcome(*(np.concatenate([getattr(p, f) for p in parts])
-                             for f in ("domain", "level", "correct", "reward", "advantage")))
+                             for f in ("domain", "level", "correct", "reward", "advantage", "led")))
 
 
 class Learner:
@@ -181,16 +189,22 @@ class Learner:
         w = self.world
         return sigmoid(w.slope[:, None] * (self.theta[:, None] - w.b[None, :])).mean(axis=1)
 
-    def rollout(self, domain: np.ndarray, level: np.ndarray) -> StepOutcome:
-        """G outcomes for each of P prompts (domain[i], level index[i])."""
+    def rollout(self, domain: np.ndarray, level: np.ndarray, led: np.ndarray | None = None) -> StepOutcome:
+        """G outcomes for each of P prompts (domain[i], level index[i]); ``led`` [P] bool marks the
+        prompts drawn led, whose first G//2 members a lead opens (a domain without one plays plain)."""
         p = self.success(domain, level)
         shape = (len(domain), self.group_size)
-        correct = self.rng.random(shape) < p[:, None]
+        members = np.zeros(len(domain), dtype=np.int64)
+        if led is not None:
+            members = np.where(led & (self.world.lead_success[domain] > 0), self.group_size // 2, 0)
+        p = np.where(np.arange(self.group_size)[None, :] < members[:, None],
+                     np.maximum(p, self.world.lead_success[domain])[:, None], p[:, None])
+        correct = self.rng.random(shape) < p
         coin = self.rng.random(shape) < 0.5
         reward = np.where(self.world.noisy[domain][:, None], coin, correct).astype(float)
         centred = reward - reward.mean(axis=1, keepdims=True)
         advantage = centred / (reward.std(axis=1, keepdims=True) + ADV_EPS)
-        return StepOutcome(domain, level, correct, reward, advantage)
+        return StepOutcome(domain, level, correct, reward, advantage, members)
 
     def learn(self, out: StepOutcome) -> None:
         """Move θ by the step's learning signal, then let unpractised domains forget."""

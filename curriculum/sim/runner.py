@@ -58,13 +58,18 @@ def plan_arrays(plan: Plan, index: dict[str, int]) -> tuple[np.ndarray, np.ndarr
 
 
 def rollout_with_refills(learner: Learner, domain: np.ndarray, level: np.ndarray, rounds: int,
-                         rng: np.random.Generator, refill_from: str = "plan") -> tuple[StepOutcome, StepOutcome]:
+                         rng: np.random.Generator, refill_from: str = "plan",
+                         led: np.ndarray | None = None) -> tuple[StepOutcome, StepOutcome]:
     """The step's rollouts, and the groups it trains on. With ``rounds`` > 0 (the trainer's dynamic
     sampling) groups whose rewards all agree are left out and replaced, in up to ``rounds`` rounds,
     by groups drawn in the plan's proportions of (domain, level) (``refill_from="plan"``) or from
     the (domain, level) of each group left out (``"dropped"``, so the trained shares keep the
-    plan's); every group generated is recorded."""
-    generated = [learner.rollout(domain, level)]
+    plan's); every group generated is recorded. ``led`` [P] bool: the planned prompts drawn led (a
+    refill of a slot is led when the slot was)."""
+    def play(rows: np.ndarray | slice) -> StepOutcome:
+        return learner.rollout(domain[rows], level[rows], None if led is None else led[rows])
+
+    generated = [play(slice(None))]
     if rounds == 0:
         return generated[0], generated[0]
     agree = rewards_agree(generated[0].reward)
@@ -78,7 +83,7 @@ def rollout_with_refills(learner: Learner, domain: np.ndarray, level: np.ndarray
             pick = dropped
         else:
             pick = rng.integers(0, len(domain), missing)  # the plan's proportions
-        refill = learner.rollout(domain[pick], level[pick])
+        refill = play(pick)
         generated.append(refill)
         agree = rewards_agree(refill.reward)
         varied = np.nonzero(~agree)[0]
@@ -87,13 +92,23 @@ def rollout_with_refills(learner: Learner, domain: np.ndarray, level: np.ndarray
     return StepOutcome.concat(generated), StepOutcome.concat(kept)
 
 
+def led_prompts(plan: Plan, domain: np.ndarray, index: dict[str, int], cfg: SimAppConfig) -> np.ndarray:
+    """[P] bool: the planned prompts drawn led, each with its domain's hint share (``plan.hints``)
+    as its chance, from a stream of the step's own (the trainer rounds ``share * n`` per domain)."""
+    share = np.zeros(len(index))
+    if plan.hints is not None:
+        share[[index[name] for name in plan.domains]] = plan.hints
+    rng = np.random.default_rng([cfg.seed, plan.step, 0x4C454144])  # "LEAD"
+    return rng.random(len(domain)) < share[domain]
+
+
 def to_outcomes(out: StepOutcome, names: list[str], step: int) -> GroupArrays:
     """The step's outcomes, a group per prompt, as the scheduler takes them without one Python
     object per completion. Verdicts follow the reward, as the verifier's words would."""
     # out.correct (the true outcome) stays inside the simulator: a trainer only sees the reward
     domains, levels = [names[d] for d in out.domain.tolist()], out.level.tolist()
     return GroupArrays(domains=domains, levels=out.level, reward=out.reward, correct=out.reward > 0.5,
-                       advantage=out.advantage,
+                       advantage=out.advantage, led=out.led if out.led.any() else None,
                        task_ids=[f"{name}/{lv}/{step}.{g}" for g, (name, lv) in enumerate(zip(domains, levels))])
 
 
@@ -141,12 +156,15 @@ def run_sim(cfg: SimAppConfig, store: StatsStore | None = None, progress_every: 
                             store=writes, run_id=run_id, write_behind=cfg.write_behind and store is not None,
                             cold_start=cfg.cold_start, group_size=sc.group_size)
     index = {name: i for i, name in enumerate(world.names)}
+    leads = cfg.cold_start.hint_form == "lead" and cfg.cold_start.hint_below > 0
     start, status, rollouts, macro_sum = time.perf_counter(), "failed", 0, 0.0
     try:
         for step in range(1, sc.steps + 1):
-            domain, level = plan_arrays(curriculum.plan(step), index)
+            plan = curriculum.plan(step)
+            domain, level = plan_arrays(plan, index)
             out, kept = rollout_with_refills(learner, domain, level, sc.refill_rounds,
-                                             np.random.default_rng([cfg.seed, step, 0x52454649]), sc.refill_from)
+                                             np.random.default_rng([cfg.seed, step, 0x52454649]), sc.refill_from,
+                                             led=led_prompts(plan, domain, index, cfg) if leads else None)
             learner.learn(kept)
             rollouts += out.reward.size
             metrics = heldout_metrics(learner.heldout(), sc.mastery,
