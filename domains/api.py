@@ -351,11 +351,16 @@ def with_lead(task: Task, text: str) -> Task:
 
 
 def led_members(task: Task, group_size: int) -> int:
-    """How many of a group's members the trainer leads: the first half (rounded down) of the group
-    of a task with a lead (``with_lead``), none of any other. A group all led would train its lead
-    on advantages that sum to zero: only the contrast with the unled half can favour it, so a group
-    of one is not led at all."""
-    return group_size // 2 if task.meta.get("lead") else 0
+    """How many of a group's members the trainer leads: ``led_share(group_size)`` for a task with a
+    lead (``with_lead``), none of any other."""
+    return led_share(group_size) if task.meta.get("lead") else 0
+
+
+def led_share(group_size: int) -> int:
+    """The members a led group's lead writes: the first half, rounded down. A group all led would
+    train its lead on advantages that sum to zero: only the contrast with the unled half can favour
+    it, so a group of one is not led at all."""
+    return group_size // 2
 
 
 def exchange(question: str, answer: str) -> Messages:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from curriculum.sim.config import ScenarioConfig
+from domains.api import led_share
 
 ADV_EPS = 1e-4  # the trainer's group_advantages epsilon
 KINDS = ("plain", "unlearnable", "noisy", "locked")
@@ -195,10 +196,11 @@ class Learner:
         p = self.success(domain, level)
         shape = (len(domain), self.group_size)
         members = np.zeros(len(domain), dtype=np.int64)
+        p = p[:, None]
         if led is not None:
-            members = np.where(led & (self.world.lead_success[domain] > 0), self.group_size // 2, 0)
-        p = np.where(np.arange(self.group_size)[None, :] < members[:, None],
-                     np.maximum(p, self.world.lead_success[domain])[:, None], p[:, None])
+            members = np.where(led & (self.world.lead_success[domain] > 0), led_share(self.group_size), 0)
+            p = np.where(np.arange(self.group_size)[None, :] < members[:, None],
+                         np.maximum(p, self.world.lead_success[domain][:, None]), p)
         correct = self.rng.random(shape) < p
         coin = self.rng.random(shape) < 0.5
         reward = np.where(self.world.noisy[domain][:, None], coin, correct).astype(float)
