@@ -262,6 +262,17 @@ def test_the_smollm2_preset_composes_to_the_real_model_asked_in_words():
     assert config.policy.type == "uniform" and config.trainer.steps == 20
 
 
+def test_the_pool_preset_loads_24_distinct_domains_with_reasoning_gym_at_its_easiest_level():
+    from domains.registry import load_all
+    config = _compose(["+experiment=smollm2_pool"])
+    assert config.model.type == "smollm2" and config.trainer.steps == 20  # the SmolLM2 preset beneath
+    assert config.eval.tasks_per_level == 4 and config.eval.min_tasks_per_domain == 20
+    loaded = load_all(config.domains, config.domain_options)
+    gym = [d for name, d in loaded.items() if name.startswith("rg_")]
+    assert len(loaded) == 24 and len(gym) == 16
+    assert all(d.levels == (1,) for d in gym)
+
+
 def test_oversampling_needs_dynamic_sampling():
     with pytest.raises(ValueError, match="oversample > 1 draws extra groups for dynamic sampling"):
         TrainerConfig(sampling={"oversample": 2, "dynamic_sampling": False})

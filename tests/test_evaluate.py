@@ -100,6 +100,19 @@ class _LengthParityPool:
         pass
 
 
+def test_a_domain_with_few_levels_gets_enough_heldout_tasks_and_the_others_keep_theirs():
+    domains = load_all(["arithmetic", "rg_course_schedule"], {"rg_*": {"max_level": 1}})
+    plain = heldout_tasks(domains, 4, seed=1234)
+    topped = heldout_tasks(domains, 4, seed=1234, min_per_domain=20)
+    count = lambda tasks, name: sum(t.domain == name for t in tasks)  # noqa: E731
+    assert (count(plain, "arithmetic"), count(plain, "rg_course_schedule")) == (20, 4)
+    assert (count(topped, "arithmetic"), count(topped, "rg_course_schedule")) == (20, 20)
+    assert [t.id for t in topped if t.domain == "arithmetic"] == [t.id for t in plain if t.domain == "arithmetic"]
+    # the four tasks a one-level dataset drew at this seed all have one answer; twenty have both
+    answers = lambda tasks: {t.payload["entry"]["answer"] for t in tasks if t.domain == "rg_course_schedule"}  # noqa: E731
+    assert answers(plain) == {"False"} and answers(topped) == {"True", "False"}
+
+
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory):
     path = str(build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", hidden_size=32, layers=2, heads=2,

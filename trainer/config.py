@@ -363,6 +363,7 @@ class SFTConfig(Strict):
 class EvalConfig(Strict):
     every: int = Field(0, ge=0)  # 0: only before and after training
     tasks_per_level: int = Field(16, gt=0)
+    min_tasks_per_domain: int = Field(0, ge=0)  # a domain with few levels gets more a level, up to this many in all
     temperature: float = Field(0.0, ge=0)  # 0 = greedy
     samples: int = Field(1, ge=1)  # completions per held-out task; a task scores its share of successes
     seed: int = 1234

@@ -17,14 +17,18 @@ from trainer.sampling.rollout import Sampler, generate
 Hits = dict[tuple[str, int], list[float]]  # (domain, level) -> each held-out task's success (0/1, or a share)
 
 
-def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int) -> list[Task]:
-    """Every domain's held-out tasks, level by level; a domain that cannot draw them (a plugin's
+def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int, min_per_domain: int = 0) -> list[Task]:
+    """Every domain's held-out tasks, level by level: ``per_level`` at each, or more where a domain
+    has too few levels to reach ``min_per_domain`` (a one-level domain scored on four tasks swings
+    a whole point of its success on one answer). A domain that cannot draw them (a plugin's
     ``sample`` that raises, a dataset without tasks at a level) is named in a DomainError."""
     tasks: list[Task] = []
     for name in sorted(domains):
-        for level in domains[name].levels:
+        levels = domains[name].levels
+        per = max(per_level, -(-min_per_domain // len(levels)))
+        for level in levels:
             try:
-                tasks.extend(domains[name].heldout(level, per_level, seed))
+                tasks.extend(domains[name].heldout(level, per, seed))
             except Exception as exc:  # a plugin's bug, not ours: say whose
                 raise DomainError(f"domain {name!r} could not draw its held-out tasks at level {level}: "
                                   f"{type(exc).__name__}: {exc}") from exc
@@ -70,7 +74,7 @@ class HeldoutEvaluation:
     """The run's fixed held-out set, how it is decoded, and what it scored before and after GRPO."""
 
     def __init__(self, domains: dict[str, Domain], settings: EvalConfig, sampling: SamplingConfig) -> None:
-        self.tasks = heldout_tasks(domains, settings.tasks_per_level, settings.seed)
+        self.tasks = heldout_tasks(domains, settings.tasks_per_level, settings.seed, settings.min_tasks_per_domain)
         self.cfg, self.sampling = settings, sampling  # the eval section; the trainer's sampling for the token budgets
         self.hits: dict[str, Hits] = {}  # "before"/"after" GRPO: held-out success, task by task
 
