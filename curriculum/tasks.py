@@ -19,6 +19,7 @@ from typing import Mapping
 
 from curriculum.prompts import PromptSelector
 from domains.api import Domain, Task
+from domains.registry import DomainError
 
 
 class TaskSource:
@@ -29,6 +30,17 @@ class TaskSource:
         self.rng, self.seed = random.Random(f"train/{seed}"), seed
         self.selector = selector
         self.visits: Counter[str] = Counter()  # training draws of each task of a domain that counts them
+        if heldout_ids:
+            self._check_room()
+
+    def _check_room(self) -> None:
+        """Say at the start, not at the first plan that reaches it, where the held-out set covers a
+        (domain, level)'s whole task space (a dataset with eight distinct tasks and 20 held out).
+        The test draws come from a generator of their own: the training stream is untouched."""
+        rng = random.Random(f"room/{self.seed}")
+        for name in sorted(self.domains):
+            for level in self.domains[name].levels:
+                self._draw_one(name, level, 1, rng)
 
     def draw(self, counts: dict[tuple[str, int], int], step: int | None = None,
              rng: random.Random | None = None, hints: Mapping[str, float] | None = None) -> list[Task]:
@@ -99,7 +111,9 @@ class TaskSource:
             kept += [t for t in domain.sample(level, n - len(kept), rng) if t.id not in self.heldout_ids]
             if len(kept) >= n:
                 return kept[:n]
-        raise RuntimeError(f"domain {name!r} level {level}: could not draw {n} tasks outside the held-out set")
+        raise DomainError(f"domain {name!r} level {level}: could not draw {n} tasks outside the held-out set in 50 "
+                          "rounds (its task space is about the size of the held-out set); hold out fewer "
+                          "(eval.tasks_per_level, eval.min_tasks_per_domain) or leave the domain out")
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.getstate(), "visits": dict(self.visits)}

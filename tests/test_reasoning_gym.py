@@ -456,3 +456,20 @@ def test_no_canary_earns_reward_at_any_level_of_any_dataset_through_the_pool():
     assert canary_alarms(results) == []
     assert [r for r in results if r.status == "canary_error" or not r.scored] == []
     assert len({r.domain for r in results}) == len(dataset_names())
+
+
+def test_a_heldout_set_that_covers_a_datasets_task_space_fails_at_the_start_in_one_line():
+    from curriculum.tasks import TaskSource
+    from trainer.recipe.evaluate import heldout_tasks
+    domains = load_all(["rg_coin_flip", "arithmetic"], {"rg_*": {"max_level": 1}})  # coin_flip: 8 tasks at level 1
+    covering = {t.id for t in heldout_tasks(domains, 4, seed=1234, min_per_domain=20)}
+    with pytest.raises(DomainError, match="domain 'rg_coin_flip' level 1: could not draw 1 tasks outside the held-out"):
+        TaskSource(domains, covering, seed=0)
+    partial = {t.id for t in heldout_tasks(domains, 4, seed=1234)}
+    source = TaskSource(domains, partial, seed=0)
+    drawn = source.draw({("rg_coin_flip", 1): 16, ("arithmetic", 2): 4}, step=1)
+    assert len(drawn) == 20 and not {t.id for t in drawn} & partial
+    # the check's own draws leave the training stream where it was
+    unchecked = TaskSource(domains, set(), seed=0).draw({("rg_coin_flip", 1): 16, ("arithmetic", 2): 4}, step=1)
+    assert [t.id for t in TaskSource(domains, {"not-a-task"}, seed=0).draw(
+        {("rg_coin_flip", 1): 16, ("arithmetic", 2): 4}, step=1)] == [t.id for t in unchecked]
