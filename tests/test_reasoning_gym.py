@@ -466,10 +466,10 @@ def test_a_heldout_set_that_covers_a_datasets_task_space_fails_at_the_start_in_o
     with pytest.raises(DomainError, match="domain 'rg_coin_flip' level 1: could not draw 1 tasks outside the held-out"):
         TaskSource(domains, covering, seed=0)
     partial = {t.id for t in heldout_tasks(domains, 4, seed=1234)}
-    source = TaskSource(domains, partial, seed=0)
-    drawn = source.draw({("rg_coin_flip", 1): 16, ("arithmetic", 2): 4}, step=1)
+    plan = {("rg_coin_flip", 1): 16, ("arithmetic", 2): 4}
+    drawn = TaskSource(domains, partial, seed=0).draw(plan, step=1)
     assert len(drawn) == 20 and not {t.id for t in drawn} & partial
     # the check's own draws leave the training stream where it was
-    unchecked = TaskSource(domains, set(), seed=0).draw({("rg_coin_flip", 1): 16, ("arithmetic", 2): 4}, step=1)
-    assert [t.id for t in TaskSource(domains, {"not-a-task"}, seed=0).draw(
-        {("rg_coin_flip", 1): 16, ("arithmetic", 2): 4}, step=1)] == [t.id for t in unchecked]
+    unchecked = TaskSource(domains, set(), seed=0).draw(plan, step=1)
+    checked = TaskSource(domains, {"not-a-task"}, seed=0).draw(plan, step=1)
+    assert [t.id for t in checked] == [t.id for t in unchecked]
