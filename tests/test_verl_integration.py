@@ -251,6 +251,18 @@ def test_a_step_that_lost_groups_is_recorded_with_the_rest_when_a_later_one_come
     store.close()
 
 
+def test_the_validation_set_tops_each_domain_up_to_its_minimum_of_tasks(tmp_path, tokenizer):
+    options = {"heldout_tasks_per_level": 2}
+    plain = create_rl_dataset("palestra://heldout", data_config(tmp_path, **options), tokenizer, None)
+    topped = create_rl_dataset("palestra://heldout", data_config(tmp_path, heldout_min_tasks_per_domain=12, **options),
+                               tokenizer, None)
+    levels = {name: len(domain.levels) for name, domain in plain.domains.items()}
+    assert Counter(t.domain for t in plain.heldout) == {name: 2 * n for name, n in levels.items()}
+    # 12 tasks over a domain's levels: ceil(12 / levels) at each, never fewer than the 2 asked a level
+    assert Counter(t.domain for t in topped.heldout) == {name: max(2, -(-12 // n)) * n for name, n in levels.items()}
+    assert all(n * 2 < 12 for n in levels.values())  # so the minimum is what changed the count
+
+
 def test_the_reward_function_scores_from_the_row_alone_and_never_raises(tmp_path, tokenizer):
     dataset = create_rl_dataset("palestra://heldout", data_config(tmp_path), tokenizer, None)
     row = dataset[0]

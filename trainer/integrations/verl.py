@@ -74,6 +74,7 @@ class PalestraSection(StrictModel):
     group_size: int | None = Field(None, ge=1)  # actor_rollout_ref.rollout.n; None: as the batches come
     run_name: str = "verl"
     heldout_tasks_per_level: int = Field(16, gt=0)
+    heldout_min_tasks_per_domain: int = Field(0, ge=0)  # as Palestra's eval.min_tasks_per_domain
     heldout_seed: int = 1234
     advantage_std: Literal["group", "batch", "none"] = "group"  # the advantages stored with each result
 
@@ -133,7 +134,8 @@ class PalestraDataset(Dataset):
         self.spec = load_spec(self.section.domains, self.section.domain_options)
         self.max_prompt_length = _get(config, "max_prompt_length")
         self._warned: set[tuple[str, int]] = set()
-        heldout = heldout_tasks(self.domains, self.section.heldout_tasks_per_level, self.section.heldout_seed)
+        heldout = heldout_tasks(self.domains, self.section.heldout_tasks_per_level, self.section.heldout_seed,
+                                self.section.heldout_min_tasks_per_domain)
         self.heldout: list[Task] = heldout[:max_samples] if mode == "heldout" and max_samples > 0 else heldout
         self.steps: VerlSteps | None = None
         if mode == "heldout":
