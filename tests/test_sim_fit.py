@@ -7,7 +7,7 @@ import pytest
 from curriculum.config import parse_difficulty, parse_policy
 from curriculum.sim.config import FittedDomain, ScenarioConfig, SimAppConfig, SimConfigError, validate_sim_config
 from curriculum.sim.fit import SLOPE, RealRun, early_success, fit_scenario, skill_at
-from curriculum.sim.learner import build_world, sigmoid
+from curriculum.sim.learner import Learner, build_world, sigmoid
 from curriculum.sim.runner import run_sim
 
 
@@ -98,3 +98,41 @@ def test_fitting_to_a_run_the_store_lacks_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="^error: .*missing.db") as exit_:
         main(["--db", f"sqlite:///{tmp_path / 'missing.db'}", "--run", "nope", "--out", str(tmp_path / "x.yaml")])
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_a_fitted_domain_with_one_level_is_held_out_and_planned_at_that_level_alone(tmp_path):
+    from curriculum.store import StatsStore
+
+    fitted = [FittedDomain(name="built_in", theta0=0.5, lr=0.05, slope=SLOPE),
+              FittedDomain(name="one_level", theta0=0.5, lr=0.05, slope=SLOPE, levels=1)]
+    scenario = ScenarioConfig(domains=2, levels=4, steps=6, prompts_per_step=4, group_size=4, fitted=fitted)
+    world = build_world(scenario, seed=0)
+    assert world.levels.tolist() == [4, 1]
+    held = Learner(world, 0, 4).heldout()
+    assert held[1] == pytest.approx(sigmoid(SLOPE * 0.5))  # its one level, not the mean over four
+    assert held[0] == pytest.approx(sigmoid(SLOPE * (0.5 - np.arange(4.0))).mean())
+    url = f"sqlite:///{tmp_path / 'levels.db'}"
+    with StatsStore(url) as store:
+        result = run_sim(SimAppConfig(sim=scenario, policy=parse_policy({"type": "uniform"}), seed=0,
+                                      difficulty=parse_difficulty({"type": "threshold", "raise_above": 0.05, "lower_below": 0.0, "window": 4})), store)
+        levels = {(r["domain"], r["level"]) for r in store.step_stats(result.run_id)}
+    assert {level for domain, level in levels if domain == "one_level"} == {0}
+    assert max(level for domain, level in levels if domain == "built_in") > 0  # promoted past where one_level stays
+    with pytest.raises(SimConfigError, match="fitted domain 'deep' has more levels than the scenario's 4"):
+        validate_sim_config({"sim": {"domains": 1, "levels": 4, "fitted": [
+            {"name": "deep", "theta0": 0.0, "lr": 0.0, "slope": 1.0, "levels": 5}]},
+            "policy": {"type": "uniform"}, "difficulty": {"type": "threshold"}})
+
+
+def test_the_fit_gives_each_domain_its_own_levels():
+    # a run whose domain y has one level: its start is read on that level alone, and the scenario
+    # gives it one level while x and z keep all three
+    policy, difficulty = parse_policy({"type": "uniform"}), parse_difficulty({"type": "fixed"})
+    base = ScenarioConfig(domains=3, levels=3, steps=5, prompts_per_step=6, group_size=4, transfer_pos=0.0)
+    before, levels = np.array([0.3, 0.4, 0.2]), np.array([3, 1, 3])
+    real = RealRun(("x", "y", "z"), before, before, np.array([12, 20, 12]), np.zeros(3), np.zeros(3), base,
+                   policy, difficulty, levels)
+    scenario, start, _ = fit_scenario(real, seeds=2, rounds=2)
+    assert [d.levels for d in scenario.fitted] == [None, 1, None]
+    assert start == pytest.approx(before, abs=1e-9)  # each domain's held-out success on its own levels
+    assert scenario.fitted[1].theta0 == pytest.approx(math.log(0.4 / 0.6) / SLOPE, abs=1e-4)

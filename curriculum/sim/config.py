@@ -26,6 +26,8 @@ class FittedDomain(_Strict):
     slope: float = Field(gt=0, description="a_d")
     lead_success: float = Field(0.0, ge=0, le=1, description="success of a member the trainer's lead wrote "
                                 "(0: the domain has no lead)")
+    levels: int | None = Field(None, ge=1, description="its difficulty levels, the easiest of the scenario's "
+                               "(None: all of them; a reasoning-gym dataset at max_level 1 has one)")
 
 
 class ScenarioConfig(_Strict):
@@ -89,6 +91,9 @@ class ScenarioConfig(_Strict):
             raise ValueError("unlearnable_share + noisy_share + prerequisite_share must be <= 1")
         if self.fitted and len(self.fitted) != self.domains:
             raise ValueError(f"domains is {self.domains} but {len(self.fitted)} domains are fitted")
+        deeper = [d.name for d in self.fitted if d.levels is not None and d.levels > self.levels]
+        if deeper:
+            raise ValueError(f"fitted domain {deeper[0]!r} has more levels than the scenario's {self.levels}")
         return self
 
 

@@ -3,7 +3,8 @@
     python -m curriculum.sim.fit --db URL --run RUN_ID --out conf/sim/NAME.yaml [--seeds 8]
 
 Every domain of the run becomes a fitted domain (``sim.fitted``) of a scenario with the run's steps,
-prompts per step, group size, dynamic-sampling rounds and number of levels:
+prompts per step, group size and dynamic-sampling rounds, and with the domain's own number of levels
+(counted from its held-out results):
 
 - its starting skill θ0 is the one at which the learner solves the easiest level as often as the
   real model did in its first ``EARLY_STEPS`` training steps — what a mixing policy sees at the
@@ -50,12 +51,16 @@ class RealRun:
     names: tuple[str, ...]
     before: np.ndarray  # [D]
     after: np.ndarray  # [D]
-    tasks_per_domain: int
+    tasks_per_domain: int | np.ndarray  # held-out tasks of a domain ([D] where they differ)
     early_successes: np.ndarray  # [D] at the easiest level in the first EARLY_STEPS steps
     early_attempts: np.ndarray  # [D]
     scenario: ScenarioConfig  # the run's batch and steps; no domains fitted yet
     policy: PolicyConfig
     difficulty: DifficultyConfig
+    levels: np.ndarray | None = None  # [D] a domain's own level count; None: the scenario's for all
+
+    def domain_levels(self) -> np.ndarray:
+        return np.full(len(self.names), self.scenario.levels) if self.levels is None else self.levels
 
 
 def read_run(store, run_id: str) -> RealRun:
@@ -66,16 +71,17 @@ def read_run(store, run_id: str) -> RealRun:
     config = run["config"]
     trainer, names = config["trainer"], curves.domain_names
     last = next(r for r in reversed(store.metrics(run_id)) if r.get("heldout/macro") is not None)
-    levels = max(1, max(sum(key.startswith(f"heldout/{name}/") for key in last) for name in names))
+    levels = np.array([max(1, sum(key.startswith(f"heldout/{name}/") for key in last)) for name in names])
     scenario = ScenarioConfig(
-        name=f"fitted to {run['name']} ({run_id[:8]})", domains=len(names), levels=levels,
+        name=f"fitted to {run['name']} ({run_id[:8]})", domains=len(names), levels=int(levels.max()),
         steps=int(trainer["steps"]), prompts_per_step=int(trainer["prompts_per_step"]),
         group_size=int(trainer["group_size"]), refill_rounds=int(trainer["sampling"]["max_refill_rounds"]),
         transfer_pos=0.0, fitted=[])
     successes, attempts = early_success(store.step_stats(run_id), names)
-    return RealRun(names, curves.domains[0], curves.domains[-1],
-                   int(config["eval"]["tasks_per_level"]) * levels, successes, attempts, scenario,
-                   parse_policy(config["policy"]), parse_difficulty(config["difficulty"]))
+    per_level = np.maximum(int(config["eval"]["tasks_per_level"]),  # as heldout_tasks tops a domain up
+                           np.ceil(int(config["eval"].get("min_tasks_per_domain", 0)) / levels))
+    return RealRun(names, curves.domains[0], curves.domains[-1], per_level * levels, successes, attempts,
+                   scenario, parse_policy(config["policy"]), parse_difficulty(config["difficulty"]), levels)
 
 
 def early_success(step_stats: list[dict], names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -95,8 +101,9 @@ def skill_at(success: float, slope: float, offsets: np.ndarray) -> float:
 
 def starting_skills(real: RealRun, offsets: np.ndarray) -> np.ndarray:
     """[D] θ0: from the early training success at the easiest level, else from held-out success."""
-    floor = 0.5 / real.tasks_per_domain
-    theta0 = [skill_at(float(np.clip(b, floor, 1.0 - floor)), SLOPE, offsets) for b in real.before]
+    floors = np.broadcast_to(0.5 / np.asarray(real.tasks_per_domain, dtype=float), real.before.shape)
+    theta0 = [skill_at(float(np.clip(b, floor, 1.0 - floor)), SLOPE, offsets[:levels])
+              for b, floor, levels in zip(real.before, floors, real.domain_levels())]
     for d, (wins, n) in enumerate(zip(real.early_successes, real.early_attempts)):
         if n > 0:
             p = float(np.clip(wins / n, 0.5 / n, 1.0 - 0.5 / n))
@@ -105,8 +112,9 @@ def starting_skills(real: RealRun, offsets: np.ndarray) -> np.ndarray:
 
 
 def with_rates(real: RealRun, theta0: np.ndarray, lr: np.ndarray) -> ScenarioConfig:
-    fitted = [FittedDomain(name=n, theta0=round(float(t), 4), lr=float(f"{r:.4g}"), slope=SLOPE)
-              for n, t, r in zip(real.names, theta0, lr)]
+    levels = [None if k == real.scenario.levels else int(k) for k in real.domain_levels()]  # None: all
+    fitted = [FittedDomain(name=n, theta0=round(float(t), 4), lr=float(f"{r:.4g}"), slope=SLOPE, levels=k)
+              for n, t, r, k in zip(real.names, theta0, lr, levels)]
     return real.scenario.model_copy(update={"fitted": fitted})
 
 
@@ -122,7 +130,8 @@ def fit_scenario(real: RealRun, seeds: int = 8, rounds: int = 14) -> tuple[Scena
     the mean over seeds of simulated runs of the real run's policy)."""
     offsets = real.scenario.level_step * np.arange(real.scenario.levels, dtype=float)
     theta0 = starting_skills(real, offsets)
-    start = sigmoid(SLOPE * (theta0[:, None] - offsets[None, :])).mean(axis=1)  # the learner's held-out
+    own = np.arange(len(offsets))[None, :] < real.domain_levels()[:, None]
+    start = (sigmoid(SLOPE * (theta0[:, None] - offsets[None, :])) * own).sum(axis=1) / own.sum(axis=1)  # held-out
     wanted = real.after - real.before
     # bisection on log lr, every domain at once: a domain's gain rises with its own rate, and with
     # no transfer in the scenario the others' rates touch it only through the policy's mix
@@ -145,6 +154,9 @@ def scenario_yaml(scenario: ScenarioConfig, real: RealRun, start: np.ndarray, si
               f"# run ({real.policy.type}); then the learner's held-out success before -> after under that policy:\n"
               f"{rows}\n")
     body = scenario.model_dump(mode="json", exclude_defaults=False)
+    for domain in body["fitted"]:  # a domain with all the scenario's levels says nothing of them
+        if domain["levels"] is None:
+            del domain["levels"]
     return header + yaml.safe_dump(body, sort_keys=False, width=110)
 
 

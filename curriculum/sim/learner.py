@@ -25,9 +25,10 @@ domains (``ScenarioConfig``):
   p ≈ 0; the scheduler is told only the other half, as the trainer tells it.
 
 A fitted scenario (``sim.fitted``, written by ``fit.py`` from a real run) sets each domain's name,
-θ0, lr and slope instead of drawing them.
+θ0, lr and slope instead of drawing them, and may give a domain fewer levels than the scenario's
+(its easiest ones), as a reasoning-gym dataset held to one level has.
 
-Held-out success per domain is the model's own mean over levels of σ(a_d(θ_d − b_ℓ)) — no
+Held-out success per domain is the model's own mean over its levels of σ(a_d(θ_d − b_ℓ)) — no
 sampling noise — which is what a fixed, large held-out set would measure.
 
 Departures from real training, on purpose: domains do not compete for model capacity except
@@ -61,6 +62,7 @@ class World:
     size: np.ndarray  # [D] distinct prompts (inf: unlimited)
     transfer: np.ndarray  # [D, D] float32, transfer[i, j]: gain of i per unit direct gain of j
     b: np.ndarray  # [L] level offsets
+    levels: np.ndarray  # [D] how many of them a domain has (its easiest ones)
     lead_success: np.ndarray  # [D] success of a led member (0: the domain has no lead)
     unlock_theta: float = 2.0  # prerequisite skill at which a locked domain learns at half speed
 
@@ -93,13 +95,15 @@ def build_world(cfg: ScenarioConfig, seed: int) -> World:
     forget[forgets] = rng.uniform(0.2, 1.0, forgets.sum()) * cfg.forgetting_rate
     slope = rng.uniform(cfg.slope_min, cfg.slope_max, n)
     lead_success = np.full(n, cfg.lead_success)
+    levels = np.full(n, cfg.levels)
     if cfg.fitted:  # drawn above all the same, so the other draws stay those of an unfitted world
         names = [d.name for d in cfg.fitted]
         theta0, lr, slope, lead_success = (np.array([getattr(d, key) for d in cfg.fitted], dtype=float)
                                            for key in ("theta0", "lr", "slope", "lead_success"))
+        levels = np.array([d.levels or cfg.levels for d in cfg.fitted])
     return World(names=names, kind=kind, slope=slope, theta0=theta0, lr=lr, forget=forget,
                  prereq=_prerequisites(cfg, kind), size=_sizes(cfg, rng), transfer=_transfer(cfg, rng),
-                 b=cfg.level_step * np.arange(cfg.levels, dtype=float), lead_success=lead_success,
+                 b=cfg.level_step * np.arange(cfg.levels, dtype=float), levels=levels, lead_success=lead_success,
                  unlock_theta=cfg.unlock_theta)
 
 
@@ -186,9 +190,11 @@ class Learner:
         return sigmoid(w.slope[domain] * (self.theta[domain] - w.b[level]))
 
     def heldout(self) -> np.ndarray:
-        """[D] held-out success: mean over levels of the model's success probability."""
+        """[D] held-out success: mean over a domain's levels of the model's success probability."""
         w = self.world
-        return sigmoid(w.slope[:, None] * (self.theta[:, None] - w.b[None, :])).mean(axis=1)
+        p = sigmoid(w.slope[:, None] * (self.theta[:, None] - w.b[None, :]))
+        own = np.arange(len(w.b))[None, :] < w.levels[:, None]
+        return (p * own).sum(axis=1) / w.levels
 
     def rollout(self, domain: np.ndarray, level: np.ndarray, led: np.ndarray | None = None) -> StepOutcome:
         """G outcomes for each of P prompts (domain[i], level index[i]); ``led`` [P] bool marks the

@@ -149,9 +149,9 @@ def run_sim(cfg: SimAppConfig, store: StatsStore | None = None, progress_every: 
     if store is not None:
         run_id = store.start_run(cfg.name, describe_world(cfg, world.names, world.kind), cfg.seed,
                                  sweep_id=cfg.sweep_id)
-    levels = tuple(range(sc.levels))
     writes = store if (store is None or cfg.store_results) else AggregatedWrites(store)
-    curriculum = Curriculum(levels={name: levels for name in world.names}, policy=cfg.policy,
+    levels = {name: tuple(range(count)) for name, count in zip(world.names, world.levels.tolist())}
+    curriculum = Curriculum(levels=levels, policy=cfg.policy,
                             difficulty=cfg.difficulty, prompts_per_step=sc.prompts_per_step, seed=cfg.seed,
                             store=writes, run_id=run_id, write_behind=cfg.write_behind and store is not None,
                             cold_start=cfg.cold_start, group_size=sc.group_size)
