@@ -22,6 +22,12 @@ from domains.api import Domain, Task
 from domains.registry import DomainError
 
 
+def heldout_per_level(per_level: int, min_per_domain: int, levels: int) -> int:
+    """Held-out tasks at each level of a domain with ``levels`` levels: ``per_level``, or more where
+    that would leave the domain below ``min_per_domain`` in all."""
+    return max(per_level, math.ceil(min_per_domain / levels))
+
+
 class TaskSource:
     def __init__(self, domains: dict[str, Domain], heldout_ids: set[str], seed: int,
                  selector: PromptSelector | None = None, hint_form: str = "words") -> None:

@@ -55,8 +55,8 @@ def test_the_fit_recovers_a_known_learner():
     after = np.mean([run_sim(SimAppConfig(sim=truth, policy=policy, difficulty=difficulty, seed=s)).heldout
                      for s in range(8)], axis=0)
     p0 = sigmoid(SLOPE * true_theta0)  # the easiest level's success, as 1,000 attempts would show it
-    real = RealRun(("x", "y", "z"), before, after, 1000, np.round(p0 * 1000), np.full(3, 1000.0), base,
-                   policy, difficulty)
+    real = RealRun(("x", "y", "z"), before, after, np.full(3, 1000), np.round(p0 * 1000), np.full(3, 1000.0), base,
+                   policy, difficulty, np.full(3, 3))
     scenario, start, simulated = fit_scenario(real, seeds=8, rounds=14)
     theta0 = np.array([d.theta0 for d in scenario.fitted])
     lr = np.array([d.lr for d in scenario.fitted])

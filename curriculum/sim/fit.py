@@ -35,8 +35,9 @@ from scipy.optimize import brentq
 from curriculum.compare import load_run
 from curriculum.config import DifficultyConfig, PolicyConfig, parse_difficulty, parse_policy
 from curriculum.sim.config import FittedDomain, ScenarioConfig, SimAppConfig
-from curriculum.sim.learner import sigmoid
+from curriculum.sim.learner import mean_success, sigmoid
 from curriculum.sim.runner import run_sim
+from curriculum.tasks import heldout_per_level
 
 SLOPE = 1.75  # the middle of the plain scenarios' slopes [1.0, 2.5]
 LR_RANGE = (1e-4, 1.0)  # the rates searched: from barely moving in a run to a level per group
@@ -51,16 +52,13 @@ class RealRun:
     names: tuple[str, ...]
     before: np.ndarray  # [D]
     after: np.ndarray  # [D]
-    tasks_per_domain: int | np.ndarray  # held-out tasks of a domain ([D] where they differ)
+    tasks_per_domain: np.ndarray  # [D] held-out tasks
     early_successes: np.ndarray  # [D] at the easiest level in the first EARLY_STEPS steps
     early_attempts: np.ndarray  # [D]
     scenario: ScenarioConfig  # the run's batch and steps; no domains fitted yet
     policy: PolicyConfig
     difficulty: DifficultyConfig
-    levels: np.ndarray | None = None  # [D] a domain's own level count; None: the scenario's for all
-
-    def domain_levels(self) -> np.ndarray:
-        return np.full(len(self.names), self.scenario.levels) if self.levels is None else self.levels
+    levels: np.ndarray  # [D] a domain's own level count (the scenario has the most of them)
 
 
 def read_run(store, run_id: str) -> RealRun:
@@ -78,9 +76,9 @@ def read_run(store, run_id: str) -> RealRun:
         group_size=int(trainer["group_size"]), refill_rounds=int(trainer["sampling"]["max_refill_rounds"]),
         transfer_pos=0.0, fitted=[])
     successes, attempts = early_success(store.step_stats(run_id), names)
-    per_level = np.maximum(int(config["eval"]["tasks_per_level"]),  # as heldout_tasks tops a domain up
-                           np.ceil(int(config["eval"].get("min_tasks_per_domain", 0)) / levels))
-    return RealRun(names, curves.domains[0], curves.domains[-1], per_level * levels, successes, attempts,
+    per_level = [heldout_per_level(int(config["eval"]["tasks_per_level"]),
+                                   int(config["eval"].get("min_tasks_per_domain", 0)), int(k)) for k in levels]
+    return RealRun(names, curves.domains[0], curves.domains[-1], np.array(per_level) * levels, successes, attempts,
                    scenario, parse_policy(config["policy"]), parse_difficulty(config["difficulty"]), levels)
 
 
@@ -101,9 +99,9 @@ def skill_at(success: float, slope: float, offsets: np.ndarray) -> float:
 
 def starting_skills(real: RealRun, offsets: np.ndarray) -> np.ndarray:
     """[D] θ0: from the early training success at the easiest level, else from held-out success."""
-    floors = np.broadcast_to(0.5 / np.asarray(real.tasks_per_domain, dtype=float), real.before.shape)
+    floors = 0.5 / real.tasks_per_domain
     theta0 = [skill_at(float(np.clip(b, floor, 1.0 - floor)), SLOPE, offsets[:levels])
-              for b, floor, levels in zip(real.before, floors, real.domain_levels())]
+              for b, floor, levels in zip(real.before, floors, real.levels)]
     for d, (wins, n) in enumerate(zip(real.early_successes, real.early_attempts)):
         if n > 0:
             p = float(np.clip(wins / n, 0.5 / n, 1.0 - 0.5 / n))
@@ -112,7 +110,7 @@ def starting_skills(real: RealRun, offsets: np.ndarray) -> np.ndarray:
 
 
 def with_rates(real: RealRun, theta0: np.ndarray, lr: np.ndarray) -> ScenarioConfig:
-    levels = [None if k == real.scenario.levels else int(k) for k in real.domain_levels()]  # None: all
+    levels = [None if k == real.scenario.levels else int(k) for k in real.levels]  # None: all
     fitted = [FittedDomain(name=n, theta0=round(float(t), 4), lr=float(f"{r:.4g}"), slope=SLOPE, levels=k)
               for n, t, r, k in zip(real.names, theta0, lr, levels)]
     return real.scenario.model_copy(update={"fitted": fitted})
@@ -130,8 +128,7 @@ def fit_scenario(real: RealRun, seeds: int = 8, rounds: int = 14) -> tuple[Scena
     the mean over seeds of simulated runs of the real run's policy)."""
     offsets = real.scenario.level_step * np.arange(real.scenario.levels, dtype=float)
     theta0 = starting_skills(real, offsets)
-    own = np.arange(len(offsets))[None, :] < real.domain_levels()[:, None]
-    start = (sigmoid(SLOPE * (theta0[:, None] - offsets[None, :])) * own).sum(axis=1) / own.sum(axis=1)  # held-out
+    start = mean_success(np.full(len(theta0), SLOPE), theta0, offsets, real.levels)  # the learner's held-out
     wanted = real.after - real.before
     # bisection on log lr, every domain at once: a domain's gain rises with its own rate, and with
     # no transfer in the scenario the others' rates touch it only through the policy's mix

@@ -155,6 +155,13 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def mean_success(slope: np.ndarray, theta: np.ndarray, b: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """[D] held-out success: per domain, the mean of σ(a(θ − b_ℓ)) over its own (easiest) levels."""
+    p = sigmoid(slope[:, None] * (theta[:, None] - b[None, :]))
+    own = np.arange(len(b))[None, :] < levels[:, None]
+    return (p * own).sum(axis=1) / levels
+
+
 @dataclass
 class StepOutcome:
     """One step's rollouts, as arrays over the step's P prompts (groups)."""
@@ -192,9 +199,7 @@ class Learner:
     def heldout(self) -> np.ndarray:
         """[D] held-out success: mean over a domain's levels of the model's success probability."""
         w = self.world
-        p = sigmoid(w.slope[:, None] * (self.theta[:, None] - w.b[None, :]))
-        own = np.arange(len(w.b))[None, :] < w.levels[:, None]
-        return (p * own).sum(axis=1) / w.levels
+        return mean_success(w.slope, self.theta, w.b, w.levels)
 
     def rollout(self, domain: np.ndarray, level: np.ndarray, led: np.ndarray | None = None) -> StepOutcome:
         """G outcomes for each of P prompts (domain[i], level index[i]); ``led`` [P] bool marks the

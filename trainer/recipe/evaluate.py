@@ -1,12 +1,12 @@
 """Held-out evaluation per domain and level on a fixed set that training never draws from."""
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import numpy as np
 import torch
 
+from curriculum.tasks import heldout_per_level
 from domains.api import Domain, Task
 from domains.verify.pool import Pool
 from domains.registry import DomainError
@@ -26,7 +26,7 @@ def heldout_tasks(domains: dict[str, Domain], per_level: int, seed: int, min_per
     tasks: list[Task] = []
     for name in sorted(domains):
         levels = domains[name].levels
-        per = max(per_level, math.ceil(min_per_domain / len(levels)))
+        per = heldout_per_level(per_level, min_per_domain, len(levels))
         for level in levels:
             try:
                 tasks.extend(domains[name].heldout(level, per, seed))
