@@ -163,8 +163,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"run {run_id}")
         # the shares stay even where unknown: a run stored before the trained counts shows "-" there
         _table(rows, ["domain", "attempts", "successes", "success_rate", "weight", "level", "planned_share",
-                      "trained_share", *VERDICT_COLUMNS, "unscored", "canaries", "canaries_paid"],
-               keep=("planned_share", "trained_share"))
+                      "trained_share", "varied_share", *VERDICT_COLUMNS, "unscored", "canaries", "canaries_paid"],
+               keep=("planned_share", "trained_share", "varied_share"))
     return 0
 
 

@@ -153,7 +153,8 @@ def _paged(plt, out: Path, stem: str, heat: HeatMap, style: dict) -> list:
 
 
 TABLE_COLUMNS = {"domain": "domain", "kind": "kind", "share": "share of rollouts",
-                 "planned_share": "planned share", "trained_share": "trained share", "attempts": "rollouts",
+                 "planned_share": "planned share", "trained_share": "trained share",
+                 "varied_share": "share of varied groups", "attempts": "rollouts",
                  "level": "level (last)", "highest_level": "level (highest)",
                  "train_first": "training success (first 10%)", "train_last": "training success (last 10%)",
                  "heldout_first": "held-out (first)", "heldout_last": "held-out (last)"}
@@ -176,7 +177,7 @@ def _domain_table(store, run_id: str, vectors: list[dict], metrics: list[dict], 
         note = "<p>Verdicts by status are counted from the stored per-completion rows; this run stored none.</p>"
     if rows and all(r["trained_share"] is None for r in rows):
         note += "<p>This run stored no per-domain counts of the groups trained on (it predates them).</p>"
-    return note + page.table(rows, columns, {key: _percent for key in ("share", "planned_share", "trained_share")})
+    return note + page.table(rows, columns, {key: _percent for key in ("share", "planned_share", "trained_share", "varied_share")})
 
 
 def _percent(value: float | None) -> str:

@@ -2,7 +2,8 @@
 
 Both read the store through its read API only. ``domain_stats`` is what ``palestra stats`` prints
 (attempts, successes, the last planned weight and level, completions by verdict, and each domain's
-share of the prompts planned and of the groups trained over the run); ``domain_table``
+share of the prompts planned, of the groups trained and of the groups with a reward spread over the
+run); ``domain_table``
 adds what a reader of the report wants next to it: each domain's share of the rollouts, the level
 it reached, and its training and held-out success at the start and at the end of the run.
 """
@@ -30,13 +31,17 @@ def domain_stats(store, run_id: str, metrics: list[dict] | None = None) -> list[
     # keep only their status, ``error``)
     unscored, canaries = domain_totals(metrics, "unscored"), canary_counts(metrics)
     planned, trained = planned_shares(store.plans(run_id)), trained_shares(metrics)
+    varied = varied_groups(store.step_stats(run_id))
+    varied_total = sum(varied.values())
     for row in rows:
         found = verdicts.get(row["domain"], {})
         row.update({column: found.get(status, 0) for column, status in VERDICT_COLUMNS.items()},
                    unscored=unscored.get(row["domain"], 0),
                    **canaries.get(row["domain"], {"canaries": 0, "canaries_paid": 0}),
                    planned_share=planned.get(row["domain"], 0.0) if planned else None,
-                   trained_share=trained.get(row["domain"], 0.0) if trained else None)
+                   trained_share=trained.get(row["domain"], 0.0) if trained else None,
+                   varied_groups=varied.get(row["domain"], 0),
+                   varied_share=varied.get(row["domain"], 0) / varied_total if varied_total else None)
     return rows
 
 
@@ -53,6 +58,18 @@ def trained_shares(metrics: list[dict]) -> dict[str, float]:
     """Per domain, its share of all the groups that reached an update (``domain/<name>/trained``
     summed over the steps); empty for a run stored before that metric existed, where it is unknown."""
     return _shares(domain_totals(metrics, "trained"))
+
+
+def varied_groups(step_stats: list[dict]) -> dict[str, int]:
+    """Per domain, how many of its scored groups had completions with different rewards: the groups
+    whose advantages are not all zero, so the only ones GRPO learns from. A trained share counts
+    every group that reached the update, all-fail groups kept when refills ran out included; this
+    counts the groups that carried a gradient (every varied group is scored, and dynamic sampling
+    keeps it)."""
+    totals: dict[str, int] = {}
+    for row in step_stats:
+        totals[row["domain"]] = totals.get(row["domain"], 0) + int(row["groups"]) - int(row["zero_var_groups"])
+    return totals
 
 
 def _shares(totals: dict[str, int]) -> dict[str, float]:

@@ -104,6 +104,28 @@ def test_stats_shows_planned_and_trained_shares_and_a_dash_for_a_run_without_tra
         ["0.250", "0.500"], ["0.750", "0.500"]]
 
 
+def test_stats_shows_each_domains_share_of_the_groups_with_a_reward_spread(tmp_path, capsys):
+    # math: one group that split (1, 0) and one that failed whole; code: two that split
+    url = f"sqlite:///{tmp_path / 'varied.db'}"
+    with StatsStore(url) as store:
+        run_id = store.start_run("varied", {}, seed=0)
+        scheduler = Scheduler({"math": (1,), "code": (1,)}, parse_policy({"type": "uniform"}),
+                              parse_difficulty({"type": "fixed"}), prompts_per_step=4, store=store, run_id=run_id)
+        scheduler.plan(1)
+        rewards = {0: ("math", [1.0, 0.0]), 1: ("math", [0.0, 0.0]), 2: ("code", [1.0, 0.0]), 3: ("code", [0.0, 1.0])}
+        scheduler.record(1, [Outcome(domain=d, level=1, task_id=f"t{g}", group=g, reward=r, correct=r > 0,
+                                     status="ok" if r else "wrong")
+                             for g, (d, rs) in rewards.items() for r in rs])
+    assert main(["stats", "--db", url, "--run", run_id, "--json"]) == 0
+    rows = {r["domain"]: r for r in json.loads(capsys.readouterr().out)["domains"]}
+    assert {d: (r["varied_groups"], r["varied_share"]) for d, r in rows.items()} == {
+        "math": (1, pytest.approx(1 / 3)), "code": (2, pytest.approx(2 / 3))}
+    assert main(["stats", "--db", url, "--run", run_id]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()[1:]
+    at = header.split().index("varied_share")
+    assert [line.split()[at] for line in lines] == ["0.667", "0.333"]  # code, math
+
+
 def test_stats_unknown_run_is_a_clear_error(store_url, capsys):
     url, _ = store_url
     assert main(["stats", "--db", url, "--run", "nope"]) == 2

@@ -92,11 +92,11 @@ def test_run_report(sweep_db, tmp_path, capsys):
     assert page.headings[-3:] == ["Per domain", "Health alarms", "Config"]
     [table] = page.tables
     head, rows = table[0], table[1:]
-    assert head[:7] == ["domain", "kind", "share of rollouts", "planned share", "trained share", "rollouts",
-                        "level (last)"]
+    assert head[:8] == ["domain", "kind", "share of rollouts", "planned share", "trained share",
+                        "share of varied groups", "rollouts", "level (last)"]
     assert "held-out (first)" in head and "training success (last 10%)" in head
     assert [r[0] for r in rows] == [f"d{i}" for i in range(10)]
-    for column in (2, 3, 4):  # shares of the rollouts, the planned prompts and the trained groups
+    for column in (2, 3, 4, 5):  # shares of the rollouts, planned prompts, trained and varied groups
         assert sum(float(r[column].rstrip("%")) for r in rows) == pytest.approx(100, abs=0.1)
     assert [r[3] for r in rows] == [r[4] for r in rows]  # without refills every planned group trains
     assert {r[1] for r in rows} >= {"plain", "noisy", "unlearnable"}
