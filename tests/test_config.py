@@ -8,7 +8,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from trainer.app import CONF_DIR, config_groups, to_config
-from trainer.config import ConfigError, TrainerConfig, check_override_keys, validate_config
+from trainer.config import ConfigError, TrainerConfig, validate_config
+from trainer.config_keys import check_override_keys
 
 # The training app's groups: those its defaults list names (conf/sim belongs to palestra-sim, and
 # conf/experiment holds one preset for each app; both are composed by their own tests).
@@ -162,7 +163,7 @@ def test_a_refused_config_leaves_no_run_folder_but_keeps_one_in_use(tmp_path):
 
 
 def test_changed_settings_names_nested_keys_and_leaves_out_where_a_launch_writes():
-    from trainer.config import changed_settings
+    from trainer.config_keys import changed_settings
 
     started = {"seed": 0, "output_dir": "a", "resume": "never", "versions": {"torch": "2.12"},
                "trainer": {"mu": 1, "lr": 1e-4}, "domains": ["arithmetic"]}
@@ -215,7 +216,7 @@ def test_the_trainer_settings_are_grouped_by_what_they_govern():
 
 
 def test_old_flat_trainer_keys_are_accepted_with_a_one_line_note(capsys):
-    from trainer.config import regroup_overrides
+    from trainer.config_keys import regroup_overrides
 
     config = validate_config({"policy": {"type": "uniform"}, "difficulty": {"type": "fixed"},
                               "trainer": {"lr": 2e-4, "mu": 1, "log_every": 5, "optim": {"warmup_steps": 1}}})
@@ -231,7 +232,8 @@ def test_old_flat_trainer_keys_are_accepted_with_a_one_line_note(capsys):
 
 
 def test_a_grouped_key_typed_on_the_command_line_wins_over_a_flat_key_from_a_conf_file():
-    from trainer.config import OptimConfig, TrainerConfig, drop_shadowed_flat_keys
+    from trainer.config import OptimConfig, TrainerConfig
+    from trainer.config_keys import drop_shadowed_flat_keys
 
     from_file = {"trainer": {"mu": 1, "lr": 3e-4, "optim": {"mu": 2, "lr": 1e-4}}}  # an old conf file over conf/
     kept = drop_shadowed_flat_keys(from_file, ["trainer.optim.mu=3", "seed=1"])
@@ -243,7 +245,7 @@ def test_a_grouped_key_typed_on_the_command_line_wins_over_a_flat_key_from_a_con
 
 
 def test_a_run_stored_with_flat_trainer_keys_resumes_without_reporting_them_changed():
-    from trainer.config import as_stored_now, changed_settings
+    from trainer.config_keys import as_stored_now, changed_settings
 
     now = validate_config({"policy": {"type": "uniform"}, "difficulty": {"type": "fixed"}}).model_dump(mode="json")
     flat = dict(now, trainer={"steps": 100, "prompts_per_step": 12, "group_size": 8, "log_every": 1,

@@ -18,7 +18,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from trainer.config import FLAT_KEYS, RETIRED_KEYS, ConfigError, check_override_keys, regroup_overrides
+from trainer.config import FLAT_KEYS, RETIRED_KEYS, ConfigError
+from trainer.config_keys import check_override_keys, regroup_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIPPED_DIRS = {".venv", "outputs", "multirun"}  # a virtualenv and run outputs, not the project's docs

@@ -21,8 +21,8 @@ from domains.verify.pool import VerifierBackendUnavailable, VerifierPoolBroken
 from trainer.recipe.audit import CanaryPaid
 from trainer.sampling.vllm_engine import VLLMUnavailable
 from domains.registry import DomainError
-from trainer.config import (ConfigError, PalestraConfig, check_override_keys, drop_shadowed_flat_keys, regroup_overrides,
-                            validate_config)
+from trainer.config import ConfigError, PalestraConfig, validate_config
+from trainer.config_keys import check_override_keys, drop_shadowed_flat_keys, regroup_overrides
 
 log = logging.getLogger("palestra")
 

@@ -33,7 +33,8 @@ from domains.verify.backend import make_pool
 from domains.verify.pool import Pool, VerifierPoolBroken
 from domains.registry import load_all
 from trainer import distributed
-from trainer.config import ConfigError, PalestraConfig, as_stored_now, changed_settings
+from trainer.config import ConfigError, PalestraConfig
+from trainer.config_keys import as_stored_now, changed_settings
 from trainer.models.adapters import attach_lora, base_state, save_plain, training_the_base
 from trainer.models.loading import (check_model_source, check_resumable, checkpoint_activations, load_policy,
                                     model_path, pick_device)
