@@ -177,7 +177,8 @@ def _domain_table(store, run_id: str, vectors: list[dict], metrics: list[dict], 
         note = "<p>Verdicts by status are counted from the stored per-completion rows; this run stored none.</p>"
     if rows and all(r["trained_share"] is None for r in rows):
         note += "<p>This run stored no per-domain counts of the groups trained on (it predates them).</p>"
-    return note + page.table(rows, columns, {key: _percent for key in ("share", "planned_share", "trained_share", "varied_share")})
+    shares = ("share", "planned_share", "trained_share", "varied_share")
+    return note + page.table(rows, columns, {key: _percent for key in shares})
 
 
 def _percent(value: float | None) -> str:
