@@ -31,8 +31,9 @@ def domain_stats(store, run_id: str, metrics: list[dict] | None = None) -> list[
     # keep only their status, ``error``)
     unscored, canaries = domain_totals(metrics, "unscored"), canary_counts(metrics)
     planned, trained = planned_shares(store.plans(run_id)), trained_shares(metrics)
-    varied = varied_groups(store.step_stats(run_id))
-    varied_total = sum(varied.values())
+    # a trained share also counts all-fail groups kept when refills ran out; the varied share, the
+    # groups with a reward spread, is what GRPO learned from
+    varied_total = sum(row["varied_groups"] for row in rows)
     for row in rows:
         found = verdicts.get(row["domain"], {})
         row.update({column: found.get(status, 0) for column, status in VERDICT_COLUMNS.items()},
@@ -40,8 +41,7 @@ def domain_stats(store, run_id: str, metrics: list[dict] | None = None) -> list[
                    **canaries.get(row["domain"], {"canaries": 0, "canaries_paid": 0}),
                    planned_share=planned.get(row["domain"], 0.0) if planned else None,
                    trained_share=trained.get(row["domain"], 0.0) if trained else None,
-                   varied_groups=varied.get(row["domain"], 0),
-                   varied_share=varied.get(row["domain"], 0) / varied_total if varied_total else None)
+                   varied_share=row["varied_groups"] / varied_total if varied_total else None)
     return rows
 
 
@@ -58,18 +58,6 @@ def trained_shares(metrics: list[dict]) -> dict[str, float]:
     """Per domain, its share of all the groups that reached an update (``domain/<name>/trained``
     summed over the steps); empty for a run stored before that metric existed, where it is unknown."""
     return _shares(domain_totals(metrics, "trained"))
-
-
-def varied_groups(step_stats: list[dict]) -> dict[str, int]:
-    """Per domain, how many of its scored groups had completions with different rewards: the groups
-    whose advantages are not all zero, so the only ones GRPO learns from. A trained share counts
-    every group that reached the update, all-fail groups kept when refills ran out included; this
-    counts the groups that carried a gradient (every varied group is scored, and dynamic sampling
-    keeps it)."""
-    totals: dict[str, int] = {}
-    for row in step_stats:
-        totals[row["domain"]] = totals.get(row["domain"], 0) + int(row["groups"]) - int(row["zero_var_groups"])
-    return totals
 
 
 def _shares(totals: dict[str, int]) -> dict[str, float]:

@@ -159,22 +159,25 @@ class StoreReads:
         return counts
 
     def domain_summary(self, run_id: str) -> list[dict]:
-        """Per domain: attempts, successes, success_rate, and the latest planned weight and level."""
+        """Per domain: attempts, successes, success_rate, varied_groups (groups whose completions'
+        rewards differed: the only ones with an advantage to learn from), and the latest planned
+        weight and level."""
         counts: dict[str, list[int]] = {}
         for row in self.step_stats(run_id):
-            total = counts.setdefault(row["domain"], [0, 0])
+            total = counts.setdefault(row["domain"], [0, 0, 0])
             total[0] += int(row["attempts"])
             total[1] += int(row["successes"])
+            total[2] += int(row["groups"]) - int(row["zero_var_groups"])
         vectors = self.plan_vectors(run_id)
         latest = vectors[-1] if vectors else {"domains": [], "weights": [], "levels": []}
         plans = {d: (float(w), int(lv)) for d, w, lv in zip(latest["domains"], latest["weights"], latest["levels"])}
         summary = []
         for domain in sorted(set(counts) | set(plans)):
-            attempts, successes = counts.get(domain, (0, 0))
+            attempts, successes, varied = counts.get(domain, (0, 0, 0))
             weight, level = plans.get(domain, (None, None))
             summary.append(dict(domain=domain, attempts=attempts, successes=successes,
                                 success_rate=successes / attempts if attempts else None,
-                                weight=weight, level=level))
+                                varied_groups=varied, weight=weight, level=level))
         return summary
 
     # -- per-prompt statistics (PromptSelector) -------------------------------------------------
