@@ -369,3 +369,42 @@ def test_an_oversampled_first_round_trains_at_most_the_planned_number_of_groups(
     assert {r["domain"] for r in rows} == {"digit_variety", "arithmetic", "tool_calculator"}
     trained = {r["group_index"] for r in rows if r["advantage"] != 0.0}
     assert 0 < len(trained) <= 4  # the step trains on at most its planned number of groups
+
+
+def test_the_closing_evaluation_runs_without_the_optimizer_moments_and_the_final_checkpoint_keeps_them(
+        tmp_path, plugin_package):
+    import copy
+
+    from trainer.recipe import checkpoint
+    from trainer.recipe.evaluate import summarise
+
+    recipe = GRPORecipe(tiny_config(tmp_path, trainer={"steps": 2}, checkpoint={"every": 0}))
+    moments_during_evaluations, last_step = [], {}
+    try:
+        recipe.setup()
+        train_step, evaluate = recipe.train_step, recipe.heldout.run
+
+        def step_and_keep(step):
+            metrics = train_step(step)
+            last_step.update(copy.deepcopy(recipe.optimizer.state_dict()))
+            return metrics
+
+        def evaluate_and_count(*args, **kwargs):
+            moments_during_evaluations.append(len(recipe.optimizer.state))
+            return evaluate(*args, **kwargs)
+
+        recipe.train_step, recipe.heldout.run = step_and_keep, evaluate_and_count
+        recipe.train()
+        in_memory = recipe.optimizer.state_dict()
+        again = evaluate(recipe.model, recipe.tokenizer, recipe.pool, recipe._sampler())  # the moments back
+    finally:
+        recipe.cleanup()
+    assert moments_during_evaluations == [0, 0]  # before GRPO none exist yet; after it they are on disk
+    assert summarise(recipe.heldout.hits["after"]) == again  # released or not, the same held-out answers
+    saved = checkpoint.optimizer_state(tmp_path / "run" / "checkpoints" / "step-0000002")
+    assert len(last_step["state"]) == len(recipe.optimizer.param_groups[0]["params"]) > 0
+    for found in (in_memory, saved):  # back in memory after the evaluation, and in the final checkpoint
+        assert found["state"].keys() == last_step["state"].keys()
+        for key, moments in last_step["state"].items():
+            for name, value in moments.items():
+                assert torch.equal(found["state"][key][name], value), (key, name)

@@ -103,6 +103,11 @@ def load(path: Path, model, optimizer, lr_schedule) -> dict[str, Any]:
     return state
 
 
+def optimizer_state(path: Path) -> dict[str, Any]:
+    """The optimizer's state dict saved in the (unsharded) checkpoint ``path``."""
+    return torch.load(path / "trainer_state.pt", weights_only=False)["optimizer"]
+
+
 def capture_rng() -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 

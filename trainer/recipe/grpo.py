@@ -247,7 +247,7 @@ class GRPORecipe:
                         raise interrupt
                     if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                         self.save_checkpoint(step)
-            self._evaluate(cfg.trainer.steps, "held-out success after GRPO", keep="after")
+            self._closing_evaluation(cfg.trainer.steps)
             self.save_checkpoint(cfg.trainer.steps)
         except (StepWriteFailed, StoreUnavailable) as exc:
             # raised once the step is applied to the model and the scheduler (a prompt selector
@@ -358,6 +358,24 @@ class GRPORecipe:
         except StoreUnavailable as exc:  # metrics.jsonl has them; training goes on
             self.logger.write(f"warning: held-out metrics of step {step} not stored: {one_line(exc, 200)}")
         self._alarm(step, self.health.after_eval(metrics["eval/macro"]))
+
+    def _closing_evaluation(self, step: int) -> None:
+        """The held-out evaluation after the last step, with AdamW's moments on disk rather than in
+        memory. Nothing updates the model after it, and the moments (twice the weights) are what the
+        evaluation's KV cache would otherwise sit on: together they were the run's peak
+        (docs/performance.md). They leave with this step's checkpoint and come back from it for the
+        final one, the same values. One process only: a replica or shard keeps its own."""
+        saved = None
+        if self.world.size == 1 and not is_sharded(self.model):
+            saved = self.save_checkpoint(step)  # None when the weights are not finite: keep the moments
+        if saved is not None:
+            self.optimizer.state.clear()
+            self._trim_heap()
+        try:
+            self._evaluate(step, "held-out success after GRPO", keep="after")
+        finally:
+            if saved is not None:
+                self.optimizer.load_state_dict(checkpoint.optimizer_state(saved))
 
     def _check_canaries(self, step: int) -> None:
         """Verify every domain's canaries (rank 0); one that earns reward raises an alarm, and with
