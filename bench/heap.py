@@ -8,14 +8,16 @@ arithmetic this CPU gets (``model.dtype=auto``):
   mmap threshold, which grows to 32 MB (trainer/runtime.py says why the resident set then grows);
 - ``threshold``: a fixed ``trainer.system.malloc_mmap_threshold_kb`` (``--threshold-kb``);
 - ``trim``: ``trainer.system.trim_heap``, free heap pages handed back after each phase of a step;
-- ``checkpointing``: ``trim`` with ``model.gradient_checkpointing``, for what the update itself holds.
+- ``checkpointing``: ``trim`` with ``model.gradient_checkpointing``, for what the update itself holds;
+- ``kernels``: ``checkpointing`` with ``trainer.system.kernel_cache_capacity`` (``--kernel-cache``),
+  compiled bf16 kernels kept per cache (matters only where the CPU runs bf16).
 
 Prints each row's tokens/s, seconds per step and its phases, the evaluations, wall time and peak
 RSS, each row's resident set after every step, then each candidate's ratios against the first row,
 whether the held-out macro is the same, and how far its GRPO loss is from the first row's at each step.
 Rows run minutes apart on one machine: compare them with each other.
 
-    .venv/bin/python bench/heap.py [--steps 4 --eval-tasks 1 --threshold-kb 4096 --rows default,threshold,trim]
+    .venv/bin/python bench/heap.py [--steps 4 --eval-tasks 1 --threshold-kb 4096 --kernel-cache 256 --rows default,threshold,trim]
 """
 from __future__ import annotations
 
@@ -33,18 +35,23 @@ from bench.real_model import print_table, ratios, run_palestra, summary  # noqa:
 from trainer.runtime import cpu_bf16  # noqa: E402
 
 
-def settings(threshold_kb: int | None = None, trim: bool = False, checkpointing: bool = False) -> list[str]:
+def settings(threshold_kb: int | None = None, trim: bool = False, checkpointing: bool = False,
+             kernels: int | None = None) -> list[str]:
     """Every memory setting spelled out, so that a row measures what it names whatever the preset sets."""
-    return [f"trainer.system.malloc_mmap_threshold_kb={'null' if threshold_kb is None else threshold_kb}",
-            f"trainer.system.trim_heap={str(trim).lower()}", f"model.gradient_checkpointing={str(checkpointing).lower()}"]
+    def value(x: int | None) -> str:
+        return "null" if x is None else str(x)
+    return [f"trainer.system.malloc_mmap_threshold_kb={value(threshold_kb)}",
+            f"trainer.system.trim_heap={str(trim).lower()}", f"model.gradient_checkpointing={str(checkpointing).lower()}",
+            f"trainer.system.kernel_cache_capacity={value(kernels)}"]
 
 
-def candidates(threshold_kb: int) -> dict[str, tuple[str, list[str]]]:
+def candidates(threshold_kb: int, kernels: int) -> dict[str, tuple[str, list[str]]]:
     """Row key -> (label, overrides)."""
     return {"default": ("glibc default", settings()),
             "threshold": (f"{threshold_kb} KB", settings(threshold_kb=threshold_kb)),
             "trim": ("trim", settings(trim=True)),
-            "checkpointing": ("trim, checkpointing", settings(trim=True, checkpointing=True))}
+            "checkpointing": ("trim, checkpointing", settings(trim=True, checkpointing=True)),
+            "kernels": (f"trim, checkpointing, {kernels} kernels", settings(trim=True, checkpointing=True, kernels=kernels))}
 
 
 def main() -> None:
@@ -52,10 +59,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=1)
     parser.add_argument("--threshold-kb", type=int, default=4096)
+    parser.add_argument("--kernel-cache", type=int, default=256, help="the kernels row's kernel_cache_capacity")
     parser.add_argument("--rows", default="default,threshold,trim", help="which rows, in order; the first is the baseline")
     parser.add_argument("--overrides", default="", help="more palestra-train overrides for every row")
     args = parser.parse_args()
-    table = candidates(args.threshold_kb)
+    table = candidates(args.threshold_kb, args.kernel_cache)
     keys = args.rows.split(",")
     if unknown := [key for key in keys if key not in table]:
         parser.error(f"unknown row {unknown[0]!r}; rows are {', '.join(table)}")

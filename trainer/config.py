@@ -200,6 +200,10 @@ class SystemConfig(Strict):
     # the OS (glibc's malloc_trim): the fragments a phase leaves stop counting as resident, at the
     # cost of a page fault when the next phase reuses them (docs/performance.md).
     trim_heap: bool = False
+    # At most this many compiled bf16 matrix-product kernels kept on the CPU, in each of oneDNN's two
+    # caches (trainer/runtime.py says why): each new shape's kernel holds about 0.7 MB, so the
+    # default 1024 of each can grow the resident set by about 0.8 GB. null keeps the libraries' 1024.
+    kernel_cache_capacity: int | None = Field(None, ge=0)
     table_every: int = Field(25, gt=0)  # steps between the console's per-domain tables
     # Under torchrun: replicate, every rank holds the whole model and optimizer; fsdp, they are
     # sharded over the ranks with FSDP2 (trainer/models/sharding.py; model.dtype=bfloat16 on CUDA gathers

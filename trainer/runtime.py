@@ -1,5 +1,5 @@
 """What a training process needs around the recipe: seeding, CPU threads, how the C heap gives memory
-back, stopping on a signal, the library versions a run is stored with, and how to tell the user to
+back, how many compiled kernels the CPU's bf16 matrix products keep, stopping on a signal, the library versions a run is stored with, and how to tell the user to
 go on after a stop."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import os
 import random
 import signal
 import sys
@@ -78,6 +79,28 @@ def release_freed_memory(threshold_kb: int | None) -> bool:
         return False
     size = threshold_kb * 1024
     return bool(libc.mallopt(M_MMAP_THRESHOLD, size)) and bool(libc.mallopt(M_TRIM_THRESHOLD, size))
+
+
+def cap_kernel_caches(capacity: int | None) -> bool:
+    """Keep at most ``capacity`` compiled matrix-product kernels in each of the two caches that bf16
+    on the CPU fills: PyTorch's oneDNN wrapper (ideep, ``LRU_CACHE_CAPACITY``) and oneDNN itself
+    (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), 1024 each by default.
+
+    Why: under bf16 autocast a CPU matrix product goes through oneDNN, which builds a kernel for each
+    new shape and keeps it, with its buffers, in both caches: about 0.7 MB a shape, measured. The
+    sampler meets a new shape at every prefill and the update at every micro-batch, so the resident
+    set grows by about 0.8 GB until both caches are full, and trimming the heap cannot hand that
+    back (docs/performance.md). fp32 goes through other kernels and is unaffected. Too small a cap
+    rebuilds the decoding loop's kernels (a shape per batch size) again and again.
+
+    Both libraries read their setting once, at their first bf16 product, so this must run before
+    the process's first one; a variable already set in the environment is left as the user set it.
+    None keeps the libraries' defaults (False is returned then)."""
+    if capacity is None:
+        return False
+    for name in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(capacity))
+    return True
 
 
 def trim_heap() -> bool:

@@ -47,8 +47,8 @@ from trainer.recipe.metrics import MetricsLogger
 from trainer.recipe.pipeline import RolloutPipeline
 from trainer.recipe.sft import warm_start, warm_start_counts
 from trainer.runtime import (StopOnSignal, arithmetic, autocast, library_versions, phase_threads, precision,
-                             release_freed_memory, resident_gb, resume_hint, seed_everything, trim_heap,
-                             within_share)
+                             cap_kernel_caches, release_freed_memory, resident_gb, resume_hint, seed_everything,
+                             trim_heap, within_share)
 from trainer.sampling.collect import RolloutCollector
 from trainer.sampling.decode import CapturedSampler
 from trainer.sampling.rollout import Sampler, generate
@@ -99,6 +99,7 @@ class GRPORecipe:
             # before any model is built, so a store that cannot be used fails before that work
             self.store = StatsStore(cfg.store.url or default_store_url(self.output_dir))
         release_freed_memory(cfg.trainer.system.malloc_mmap_threshold_kb)  # before the models are built
+        cap_kernel_caches(cfg.trainer.system.kernel_cache_capacity)  # before the first bf16 product
         self.device = self.world.place(pick_device(cfg.model.device))
         if self.device.type == "cpu":
             torch.set_num_threads(within_share(cfg.trainer.system.cpu_threads))
