@@ -1,6 +1,6 @@
 """What a training process needs around the recipe: seeding, CPU threads, how the C heap gives memory
-back, how many compiled kernels the CPU's bf16 matrix products keep, stopping on a signal, the library versions a run is stored with, and how to tell the user to
-go on after a stop."""
+back, how many compiled kernels the CPU's bf16 matrix products keep, stopping on a signal, the
+library versions a run is stored with, and how to tell the user to go on after a stop."""
 from __future__ import annotations
 
 import contextlib

@@ -246,8 +246,8 @@ class GRPORecipe:
                         interrupt = KeyboardInterrupt(f"stopped by signal after step {step}; {resume_hint(path)}")
                         interrupt.signum = stop.signum  # type: ignore[attr-defined]  # for the exit status
                         raise interrupt
-                    if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-                        self.save_checkpoint(step)
+                    if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.trainer.steps:
+                        self.save_checkpoint(step)  # the last step's is saved by the closing evaluation
             self._closing_evaluation(cfg.trainer.steps)
             self.save_checkpoint(cfg.trainer.steps)
         except (StepWriteFailed, StoreUnavailable) as exc:
@@ -365,17 +365,17 @@ class GRPORecipe:
         memory. Nothing updates the model after it, and the moments (twice the weights) are what the
         evaluation's KV cache would otherwise sit on: together they were the run's peak
         (docs/performance.md). They leave with this step's checkpoint and come back from it for the
-        final one, the same values. One process only: a replica or shard keeps its own."""
-        saved = None
-        if self.world.size == 1 and not is_sharded(self.model):
-            saved = self.save_checkpoint(step)  # None when the weights are not finite: keep the moments
-        if saved is not None:
+        final one, the same values. One process only: a replica or shard keeps its own. Every run saves
+        the last step here, before an evaluation that could fail."""
+        saved = self.save_checkpoint(step)  # None when the weights are not finite: keep the moments
+        release = saved is not None and self.world.size == 1 and not is_sharded(self.model)
+        if release:
             self.optimizer.state.clear()
             self._trim_heap()
         try:
             self._evaluate(step, "held-out success after GRPO", keep="after")
         finally:
-            if saved is not None:
+            if release:
                 self.optimizer.load_state_dict(checkpoint.optimizer_state(saved))
 
     def _check_canaries(self, step: int) -> None:
